@@ -1,0 +1,73 @@
+"""cffi build script for pylock's C core (API mode, out of line).
+
+The cdef is read from the headers themselves, between the CDEF markers, so
+the declarations exist once and are the same on every platform; the
+platform differences live in the C files behind #ifdef.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import sysconfig
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HEADERS = ["pylock.h", "pylock_proc.h"]
+SOURCES = [
+    "lock_posix.c",
+    "proc_linux.c",
+    "proc_macos.c",
+    "win_lock.c",
+    "win_proc.c",
+]
+
+
+def _cdef_of(header: str) -> str:
+    with open(os.path.join(HERE, header), encoding="utf-8") as f:
+        text = f.read()
+    match = re.search(r"/\* CDEF-BEGIN \*/(.*?)/\* CDEF-END \*/", text, re.S)
+    if match is None:
+        raise RuntimeError(f"{header}: no CDEF block")
+    return match.group(1)
+
+
+def _constants() -> str:
+    # Values come from the C headers at compile time (API mode).
+    names = ["PL_E_SYMLINK", "PL_E_NOTREG", "PL_OPEN_CREATE", "PL_OPEN_READONLY"]
+    return "".join(f"#define {name} ...\n" for name in names)
+
+
+def _free_threaded() -> bool:
+    return bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_constants() + "".join(_cdef_of(h) for h in HEADERS))
+
+if sys.platform == "win32":
+    _libraries = ["kernel32"]
+elif sys.platform.startswith("linux"):
+    _libraries = ["rt"]  # timer_create lives in librt before glibc 2.34
+else:
+    _libraries = []
+_extra = [] if sys.platform == "win32" else ["-std=c11", "-Wall", "-Wextra"]
+if os.environ.get("PYLOCK_WERROR") == "1" and sys.platform != "win32":
+    _extra.append("-Werror")
+
+ffibuilder.set_source(
+    "pylock._native",
+    '#include "pylock.h"\n#include "pylock_proc.h"\n',
+    sources=[os.path.relpath(os.path.join(HERE, s)) for s in SOURCES],
+    include_dirs=[os.path.relpath(HERE)],
+    libraries=_libraries,
+    extra_compile_args=_extra,
+    define_macros=[("_GNU_SOURCE", "1")] if sys.platform.startswith("linux") else [],
+    # The stable ABI does not exist on free-threaded builds.
+    py_limited_api=not _free_threaded(),
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,57 @@
+/*
+ * pylock's C core, processes: identity, pinning and exit notification.
+ *
+ * Same conventions as pylock.h: 0 or a positive errno value.  A "process
+ * handle" pins one process so its pid cannot be recycled under us: a pidfd
+ * on Linux, a kqueue with EVFILT_PROC/NOTE_EXIT registered on macOS, a
+ * process HANDLE on Windows.  Pin first, verify identity after.
+ */
+#ifndef PYLOCK_PROC_H
+#define PYLOCK_PROC_H
+
+#include "pylock.h"
+
+/* CDEF-BEGIN */
+typedef struct {
+    int64_t pid;
+    uint64_t start_time; /* Linux: clock ticks since boot (stat field 22);
+                            macOS: kernel start time in microseconds;
+                            Windows: creation time (FILETIME) */
+    uint64_t pidfs_ino;  /* Linux with pidfs (6.9+): unique per boot; else 0 */
+    char boot_id[40];    /* this boot: Linux boot_id, else the boot time */
+} pl_identity;
+
+/* Identity of pid as the kernel shows it now: ESRCH when there is none.
+ * Alone it is racy; pair it with pl_proc_open for a pinned answer. */
+int pl_identity_of(int64_t pid, pl_identity *out);
+
+/* Pin pid.  ESRCH: no such process.  ENOSYS, EPERM, EACCES: the mechanism
+ * is unavailable here (old kernel, seccomp): use the fallback. */
+int pl_proc_open(int64_t pid, pl_handle *out);
+int pl_proc_close(pl_handle h);
+/* Identity of the pinned process (ESRCH once it has been reaped). */
+int pl_proc_identity(pl_handle h, int64_t pid, pl_identity *out);
+/* *exited = 1 once the pinned process has exited (a zombie counts). */
+int pl_proc_poll(pl_handle h, int *exited);
+/* Block until the pinned process exits: 0, ETIMEDOUT, ECANCELED, EINTR. */
+int pl_proc_wait(pl_handle h, int64_t timeout_ns, pl_waiter *w);
+/* Returncode of the exited process, Popen-style (exit code, or -signal),
+ * without reaping it: 0 with *returncode set, or ENODATA when the kernel
+ * cannot tell (not our child and no PIDFD_INFO_EXIT). */
+int pl_proc_returncode(pl_handle h, int64_t pid, int *returncode);
+/* A descriptor an event loop can watch for readability (Linux: the pidfd,
+ * macOS: the kqueue); ENOSYS on Windows, which waits on the handle. */
+int pl_proc_event_fd(pl_handle h, int64_t *fd);
+
+/* Fallback where pinning is unavailable (Linux without pidfd). */
+/* Has our child pid exited?  waitid(WNOWAIT): never reaps.  ECHILD when
+ * pid is not our child. */
+int pl_child_poll(int64_t pid, int *exited, int *returncode);
+/* A descriptor that becomes readable when SIGCHLD arrives: signalfd when
+ * SIGCHLD is blocked in every thread, else a self-pipe fed by a handler
+ * that chains to the previous one.  Drain it after each wakeup. */
+int pl_sigchld_open(int64_t *fd);
+int pl_sigchld_drain(int64_t fd);
+/* CDEF-END */
+
+#endif

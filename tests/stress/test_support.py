@@ -1,0 +1,190 @@
+"""The test machinery itself does what the scenarios rely on."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO_ROOT, env_with_repo, mounts, pidns, seccomp
+
+PROBE = (
+    "import errno, os\n"
+    "try:\n"
+    "    fd = os.pidfd_open(os.getpid())\n"
+    "except OSError as e:\n"
+    "    print(errno.errorcode[e.errno])\n"
+    "else:\n"
+    "    os.close(fd)\n"
+    "    print('OK')\n"
+)
+
+
+def _kernel_has_pidfd() -> bool:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _kernel_has_pidfd(), reason="this kernel has no pidfd_open to block")
+def test_seccomp_launcher_makes_pidfd_open_enosys() -> None:
+    plain = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
+    )
+    assert plain.stdout.strip() == "OK"
+
+    # The documented spelling, run from the repo root.
+    filtered = subprocess.run(
+        [sys.executable, "-m", "tests.support.seccomp", "--", sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        check=True,
+    )
+    assert filtered.stdout.strip() == "ENOSYS"
+
+
+@pytest.mark.skipif(not _kernel_has_pidfd(), reason="this kernel has no pidfd_open to block")
+def test_seccomp_filter_is_inherited_by_fork_and_exec_and_spares_other_syscalls() -> None:
+    script = (
+        "import ctypes, errno, os, signal, subprocess, sys\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "out = []\n"
+        "for nr in (434, 424, 438):\n"
+        "    r = libc.syscall(nr, 0, 0, 0, 0)\n"
+        "    out.append(errno.errorcode[ctypes.get_errno()] if r == -1 else 'OK')\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    try:\n"
+        "        os.pidfd_open(os.getppid())\n"
+        "        os._exit(0)\n"
+        "    except OSError as e:\n"
+        "        os._exit(e.errno)\n"
+        "out.append(errno.errorcode.get(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), 'OK'))\n"
+        "out.append(subprocess.run([sys.executable, '-c', sys.argv[1]],\n"
+        "                          capture_output=True, text=True).stdout.strip())\n"
+        "out.append(str(os.getpid() > 0 and os.stat('/') is not None))\n"
+        "print(' '.join(out))\n"
+    )
+    res = subprocess.run(
+        seccomp.command([sys.executable, "-c", script, PROBE]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert res.stdout.split() == ["ENOSYS", "ENOSYS", "ENOSYS", "ENOSYS", "ENOSYS", "True"]
+
+
+def test_seccomp_filter_program_shape() -> None:
+    prog = seccomp.filter_bytes()
+    assert len(prog) % 8 == 0
+    # load arch, 2 arch tests, load nr, 3 syscall tests, allow, errno
+    assert len(prog) // 8 == 9
+
+
+def test_seccomp_launcher_without_command_is_a_usage_error() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "tests.support.seccomp", "--"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    assert res.returncode == 2
+    assert "usage" in res.stderr
+
+
+REUSE = r"""
+import json, os, sys, time
+from tests.support.pidns import spawn_at, fork_at, reap, start_time_of, in_private_pidns
+
+assert in_private_pidns()
+results = []
+for trial in range(20):
+    target = 300 + trial
+    victim = spawn_at(target, [sys.executable, "-c", "import time; time.sleep(60)"])
+    st_victim = start_time_of(target)
+    victim.kill()
+    victim.wait()
+    child = fork_at(target)
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    results.append([victim.pid, child, st_victim, start_time_of(child)])
+    os.kill(child, 9)
+    reap(child)
+print(json.dumps(results))
+"""
+
+
+def test_pid_reuse_in_private_namespace_gives_the_same_pid() -> None:
+    reason = pidns.available()
+    if reason:
+        pytest.skip(reason)
+    results = pidns.run_json_in_pidns(REUSE)
+    assert len(results) == 20
+    for victim_pid, impostor_pid, st_v, st_i in results:
+        assert victim_pid == impostor_pid
+        assert st_i >= st_v
+
+
+def test_pidns_script_failure_reports_stderr() -> None:
+    reason = pidns.available()
+    if reason:
+        pytest.skip(reason)
+    with pytest.raises(AssertionError, match="boom"):
+        pidns.run_in_pidns("raise SystemExit('boom')")
+
+
+def test_tiny_tmpfs_fills_up_but_flock_still_works() -> None:
+    with mounts.tmpfs(size="64k") as d:
+        lockfile = os.path.join(d, "a.lock")
+        os.close(os.open(lockfile, os.O_CREAT | os.O_WRONLY, 0o644))
+        written = mounts.fill_space(d)
+        assert 0 < written <= 64 * 1024
+        fd = os.open(lockfile, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with pytest.raises(OSError) as exc:
+                os.write(fd, b"x" * 8192)
+            assert exc.value.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+    assert not os.path.exists(d)
+
+
+def test_tmpfs_out_of_inodes() -> None:
+    with mounts.tmpfs(size="1m", nr_inodes=4) as d:
+        made = mounts.exhaust_inodes(d)
+        assert made >= 1
+        with pytest.raises(OSError) as exc:
+            os.open(os.path.join(d, "one-more"), os.O_CREAT | os.O_WRONLY, 0o644)
+        assert exc.value.errno == errno.ENOSPC
+
+
+def test_readonly_mounts_refuse_writes(tmp_path: object) -> None:
+    def populate(d: str) -> None:
+        with open(os.path.join(d, "x.lock"), "w"):
+            pass
+
+    with mounts.readonly_tmpfs(populate) as d:
+        with pytest.raises(OSError) as exc:
+            os.open(os.path.join(d, "x.lock"), os.O_RDWR)
+        assert exc.value.errno == errno.EROFS
+        fd = os.open(os.path.join(d, "x.lock"), os.O_RDONLY)
+        os.close(fd)
+    src = str(tmp_path)
+    with mounts.readonly_bind(src) as d:
+        with pytest.raises(OSError) as exc:
+            os.open(os.path.join(d, "new"), os.O_CREAT | os.O_WRONLY, 0o644)
+        assert exc.value.errno == errno.EROFS
+
+
+def test_env_with_repo_puts_checkout_first() -> None:
+    env = env_with_repo({"PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [REPO_ROOT, "/elsewhere"]

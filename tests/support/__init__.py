@@ -1,0 +1,28 @@
+"""Test machinery for pylock's suites: an old-kernel simulator (seccomp), private
+pid namespaces with chosen pids, and small throwaway filesystems.
+
+Every module here uses only the standard library (plus pytest for skips), so the
+launchers can run before pylock itself is importable.
+"""
+
+from __future__ import annotations
+
+import os
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def env_with_repo(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child that must import pylock and tests.support from
+    this checkout, whatever its working directory."""
+    result = dict(os.environ if env is None else env)
+    path = result.get("PYTHONPATH", "")
+    parts = [p for p in path.split(os.pathsep) if p]
+    if REPO_ROOT not in parts:
+        parts.insert(0, REPO_ROOT)
+    result["PYTHONPATH"] = os.pathsep.join(parts)
+    return result

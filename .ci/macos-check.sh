@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Compile-checks pylock's C core for the platforms this machine cannot run:
+# macOS (arm64, x86_64) and the Linux wheel targets other than the host's
+# (musl, aarch64), with the C compiler shipped in the `ziglang` package.
+# Every csrc/*.c is compiled (to a throwaway object, which also catches the
+# warnings only code generation reports) with warnings as errors.  The cffi
+# wrapper module is not compiled here: it needs the target's Python headers.
+set -euo pipefail
+
+PY=${PY:-python}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+if ! "$PY" -m ziglang version >/dev/null 2>&1; then
+    echo "macos-check: installing ziglang into $("$PY" -c 'import sys; print(sys.prefix)')"
+    "$PY" -m pip install --quiet ziglang
+fi
+echo "macos-check: zig $("$PY" -m ziglang version)"
+
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+
+TARGETS=${PYLOCK_CHECK_TARGETS:-"aarch64-macos x86_64-macos x86_64-linux-musl aarch64-linux-musl aarch64-linux-gnu"}
+shopt -s nullglob
+SOURCES=(csrc/*.c)
+if [ ${#SOURCES[@]} -eq 0 ]; then
+    echo "macos-check: no C sources in csrc/" >&2
+    exit 1
+fi
+
+failed=0
+checked=0
+for target in $TARGETS; do
+    defs=()
+    case "$target" in
+        *-linux-*) defs=(-D_GNU_SOURCE=1) ;; # as csrc/_ffi_build.py does on Linux
+    esac
+    for src in "${SOURCES[@]}"; do
+        obj="$OUT/$target-$(basename "$src" .c).o"
+        if "$PY" -m ziglang cc -target "$target" -std=c11 -Wall -Wextra -Werror \
+            "${defs[@]}" -Icsrc -c -o "$obj" "$src"; then
+            checked=$((checked + 1))
+        else
+            echo "macos-check: FAILED $src for $target" >&2
+            failed=$((failed + 1))
+        fi
+    done
+    echo "macos-check: $target: ${#SOURCES[@]} files compiled"
+done
+
+# The per-platform files wrap their whole body in #if guards, so a file can
+# compile while containing nothing.  Make sure the macOS build really has
+# the process API in it.
+sym_obj="$OUT/aarch64-macos-proc_macos.o"
+if [[ " $TARGETS " == *" aarch64-macos "* ]] && [ -f "$sym_obj" ]; then
+    for sym in pl_identity_of pl_proc_open pl_proc_wait pl_proc_returncode pl_sigchld_open; do
+        # Mach-O symbol names carry a leading underscore.
+        if ! LC_ALL=C grep -a -q "_$sym" "$sym_obj"; then
+            echo "macos-check: $sym missing from the macOS object" >&2
+            failed=$((failed + 1))
+        fi
+    done
+fi
+
+if [ "$failed" -ne 0 ]; then
+    echo "macos-check: $failed failures" >&2
+    exit 1
+fi
+echo "macos-check: $checked compilations passed"

@@ -1,0 +1,462 @@
+/*
+ * pylock's C core on macOS, processes: identity from sysctl(KERN_PROC),
+ * exit notification from a kqueue with EVFILT_PROC/NOTE_EXIT, and the
+ * SIGCHLD fallback primitives.
+ *
+ * A process handle is a kqueue owning one EVFILT_PROC registration.  The
+ * kernel delivers NOTE_EXIT once (EVFILT_PROC is edge-triggered), so the
+ * first call that sees it records the exit inside the same kqueue as a
+ * triggered, level-style EVFILT_USER event.  Every later poll, wait or
+ * event-loop readiness check then sees the exit again, and the state lives
+ * in the kernel object, not in memory the handle cannot carry.
+ */
+#if defined(__APPLE__)
+
+#define _DARWIN_C_SOURCE 1
+
+#include "pl_wait_internal.h"
+#include "pylock.h"
+#include "pylock_proc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/event.h>
+#include <sys/sysctl.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* The EVFILT_USER ident that marks "this process has exited".  Its udata
+ * carries what is known about the exit status. */
+#define EXIT_MARK_IDENT 1
+#define MARK_EXITED 0x10000u
+#define MARK_STATUS_KNOWN 0x20000u
+
+/* ---- identity ----------------------------------------------------- */
+
+static int valid_pid(int64_t pid)
+{
+    return pid > 0 && pid <= INT_MAX;
+}
+
+static int kinfo_of(int64_t pid, struct kinfo_proc *kp)
+{
+    int mib[4] = {CTL_KERN, KERN_PROC, KERN_PROC_PID, (int)pid};
+    size_t len = sizeof *kp;
+    memset(kp, 0, sizeof *kp);
+    if (sysctl(mib, 4, kp, &len, NULL, 0) != 0)
+        return errno;
+    /* A pid with no process is not an error to sysctl: it returns nothing. */
+    if (len < sizeof *kp || kp->kp_proc.p_pid != (pid_t)pid)
+        return ESRCH;
+    return 0;
+}
+
+/* kern.bootsessionuuid is fixed for the whole boot.  kern.boottime is the
+ * fallback for systems without it: the kernel shifts that one when the
+ * wall clock is stepped, so it is second best. */
+static pthread_once_t boot_id_once = PTHREAD_ONCE_INIT;
+static char boot_id_value[40];
+
+static void read_boot_id(void)
+{
+    char uuid[64];
+    size_t len = sizeof uuid;
+    struct timeval bt;
+    size_t btlen = sizeof bt;
+    int mib[2] = {CTL_KERN, KERN_BOOTTIME};
+    if (sysctlbyname("kern.bootsessionuuid", uuid, &len, NULL, 0) == 0 && len > 1 &&
+        len <= sizeof boot_id_value) {
+        memcpy(boot_id_value, uuid, len);
+        boot_id_value[len - 1] = '\0';
+    } else if (sysctl(mib, 2, &bt, &btlen, NULL, 0) == 0) {
+        snprintf(boot_id_value, sizeof boot_id_value, "boottime-%lld.%06d",
+                 (long long)bt.tv_sec, (int)bt.tv_usec);
+    }
+}
+
+static void boot_id(char *out, size_t cap)
+{
+    pthread_once(&boot_id_once, read_boot_id);
+    snprintf(out, cap, "%s", boot_id_value);
+}
+
+static void fill_identity(int64_t pid, const struct kinfo_proc *kp, pl_identity *out)
+{
+    const struct timeval *st = &kp->kp_proc.p_starttime;
+    memset(out, 0, sizeof *out);
+    out->pid = pid;
+    out->start_time = (uint64_t)st->tv_sec * 1000000u + (uint64_t)st->tv_usec;
+    out->pidfs_ino = 0;
+    boot_id(out->boot_id, sizeof out->boot_id);
+}
+
+int pl_identity_of(int64_t pid, pl_identity *out)
+{
+    struct kinfo_proc kp;
+    int rc;
+    if (!valid_pid(pid))
+        return pid > INT_MAX ? ESRCH : EINVAL;
+    if ((rc = kinfo_of(pid, &kp)) != 0)
+        return rc;
+    fill_identity(pid, &kp, out);
+    return 0;
+}
+
+/* ---- exit notification -------------------------------------------- */
+
+static int set_cloexec(int fd)
+{
+    int flags = fcntl(fd, F_GETFD);
+    if (flags < 0 || fcntl(fd, F_SETFD, flags | FD_CLOEXEC) < 0)
+        return errno;
+    return 0;
+}
+
+/* Applies one change and returns its own result, not a pending event. */
+static int kq_change(int kq, struct kevent *change)
+{
+    struct kevent receipt;
+    int n;
+    change->flags |= EV_RECEIPT;
+    do {
+        n = kevent(kq, change, 1, &receipt, 1, NULL);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return errno;
+    if (n == 1 && (receipt.flags & EV_ERROR) && receipt.data != 0)
+        return (int)receipt.data;
+    return 0;
+}
+
+static int mark_exited(int kq, uintptr_t mark)
+{
+    struct kevent ev;
+    /* No EV_CLEAR: the user event stays triggered after each retrieval. */
+    EV_SET(&ev, EXIT_MARK_IDENT, EVFILT_USER, EV_ADD | EV_ENABLE, NOTE_TRIGGER, 0,
+           (void *)mark);
+    return kq_change(kq, &ev);
+}
+
+/* Collects what the kqueue holds within timeout (NULL: block).  *exited is
+ * set once the exit is known; *mark gets the recorded mark. */
+static int collect(int kq, const struct timespec *timeout, int *exited, uintptr_t *mark)
+{
+    struct kevent evs[2];
+    uintptr_t found = 0;
+    int n = kevent(kq, NULL, 0, evs, 2, timeout);
+    if (n < 0)
+        return errno;
+    for (int i = 0; i < n; i++) {
+        if (evs[i].filter == EVFILT_USER && evs[i].ident == EXIT_MARK_IDENT) {
+            found = (uintptr_t)evs[i].udata;
+        } else if (evs[i].filter == EVFILT_PROC && (evs[i].fflags & NOTE_EXIT)) {
+            uintptr_t m = MARK_EXITED;
+            int rc;
+            if (evs[i].fflags & NOTE_EXITSTATUS)
+                m |= MARK_STATUS_KNOWN | ((uintptr_t)evs[i].data & 0xffffu);
+            if ((rc = mark_exited(kq, m)) != 0)
+                return rc;
+            if (found == 0)
+                found = m;
+        }
+    }
+    *exited = found != 0;
+    if (mark != NULL)
+        *mark = found;
+    return 0;
+}
+
+static int poll_mark(int kq, int *exited, uintptr_t *mark)
+{
+    const struct timespec zero = {0, 0};
+    int rc;
+    do {
+        rc = collect(kq, &zero, exited, mark);
+    } while (rc == EINTR);
+    return rc;
+}
+
+int pl_proc_open(int64_t pid, pl_handle *out)
+{
+    struct kevent ev;
+    struct kinfo_proc kp;
+    int kq, rc;
+    if (!valid_pid(pid))
+        return pid > INT_MAX ? ESRCH : EINVAL;
+    kq = kqueue();
+    if (kq < 0)
+        return errno;
+    /* A kqueue is not inherited by fork(), but it is by exec(). */
+    if ((rc = set_cloexec(kq)) != 0)
+        goto fail;
+    /* The exit status comes with the event for our children and for
+     * processes we may signal; other processes refuse it with EACCES
+     * (older kernels: children only), and then exit alone is enough. */
+    EV_SET(&ev, (uintptr_t)pid, EVFILT_PROC, EV_ADD | EV_ENABLE, NOTE_EXIT | NOTE_EXITSTATUS,
+           0, NULL);
+    rc = kq_change(kq, &ev);
+    if (rc != 0 && rc != ESRCH) {
+        EV_SET(&ev, (uintptr_t)pid, EVFILT_PROC, EV_ADD | EV_ENABLE, NOTE_EXIT, 0, NULL);
+        rc = kq_change(kq, &ev);
+    }
+    if (rc != 0)
+        goto fail;
+    /* The kernel refuses registration on a zombie with ESRCH; should one
+     * ever be accepted, its NOTE_EXIT is in the past and would never come,
+     * so record the exit now. */
+    if (kinfo_of(pid, &kp) == 0 && kp.kp_proc.p_stat == SZOMB) {
+        int exited;
+        if ((rc = poll_mark(kq, &exited, NULL)) != 0)
+            goto fail;
+        if (!exited && (rc = mark_exited(kq, MARK_EXITED)) != 0)
+            goto fail;
+    }
+    *out = kq;
+    return 0;
+fail:
+    close(kq);
+    return rc;
+}
+
+int pl_proc_close(pl_handle h)
+{
+    return close((int)h) == 0 || errno == EINTR ? 0 : errno;
+}
+
+int pl_proc_identity(pl_handle h, int64_t pid, pl_identity *out)
+{
+    struct kinfo_proc kp;
+    int rc, exited;
+    if (!valid_pid(pid))
+        return pid > INT_MAX ? ESRCH : EINVAL;
+    if ((rc = kinfo_of(pid, &kp)) != 0)
+        return rc;
+    /* Once the pinned process has exited, a live process under its pid is
+     * a newcomer: only its zombie still stands for it. */
+    if ((rc = poll_mark((int)h, &exited, NULL)) != 0)
+        return rc;
+    if (exited && kp.kp_proc.p_stat != SZOMB)
+        return ESRCH;
+    fill_identity(pid, &kp, out);
+    return 0;
+}
+
+int pl_proc_poll(pl_handle h, int *exited)
+{
+    return poll_mark((int)h, exited, NULL);
+}
+
+int pl_proc_wait(pl_handle h, int64_t timeout_ns, pl_waiter *w)
+{
+    struct timespec ts, *tp = NULL;
+    int rc, err, exited = 0;
+    /* kevent takes the timeout itself; the waiter only carries
+     * cancellation, so no deadline thread is needed. */
+    if (timeout_ns >= 0) {
+        ts.tv_sec = (time_t)(timeout_ns / 1000000000LL);
+        ts.tv_nsec = (long)(timeout_ns % 1000000000LL);
+        tp = &ts;
+    }
+    if ((rc = pl__wait_begin(w, -1)) != 0)
+        return rc;
+    err = collect((int)h, tp, &exited, NULL);
+    rc = pl__wait_end(w, err == 0 ? 0 : -1, err);
+    if (rc != 0)
+        return rc;
+    if (exited)
+        return 0;
+    return pl__wait_cancelled(w) ? ECANCELED : ETIMEDOUT;
+}
+
+static int decode_status(int status)
+{
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    if (WIFSIGNALED(status))
+        return -WTERMSIG(status);
+    return status;
+}
+
+static int child_status(int64_t pid, int *exited, int *returncode)
+{
+    siginfo_t si;
+    for (;;) {
+        memset(&si, 0, sizeof si);
+        if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0)
+            break;
+        if (errno != EINTR)
+            return errno;
+    }
+    *exited = si.si_pid != 0;
+    if (*exited)
+        *returncode = si.si_code == CLD_EXITED ? si.si_status : -si.si_status;
+    return 0;
+}
+
+int pl_proc_returncode(pl_handle h, int64_t pid, int *returncode)
+{
+    uintptr_t mark = 0;
+    int rc, exited;
+    if ((rc = poll_mark((int)h, &exited, &mark)) != 0)
+        return rc;
+    if (!exited)
+        return EAGAIN;
+    if (mark & MARK_STATUS_KNOWN) {
+        *returncode = decode_status((int)(mark & 0xffffu));
+        return 0;
+    }
+    if (!valid_pid(pid))
+        return ENODATA;
+    /* Our own child, not yet reaped: read its status without reaping. */
+    rc = child_status(pid, &exited, returncode);
+    if (rc == 0 && exited)
+        return 0;
+    return rc == 0 || rc == ECHILD ? ENODATA : rc;
+}
+
+int pl_proc_event_fd(pl_handle h, int64_t *fd)
+{
+    *fd = h;
+    return 0;
+}
+
+/* ---- fallback: SIGCHLD -------------------------------------------- */
+
+int pl_child_poll(int64_t pid, int *exited, int *returncode)
+{
+    if (!valid_pid(pid))
+        return ECHILD;
+    *returncode = 0;
+    return child_status(pid, exited, returncode);
+}
+
+/* macOS has no signalfd: a handler writes a byte to a non-blocking pipe
+ * and chains to whatever handler was there before. */
+static pthread_mutex_t sigchld_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct sigaction sigchld_prev;
+static int sigchld_pipe[2] = {-1, -1};
+static volatile sig_atomic_t sigchld_write_fd = -1;
+
+static void on_sigchld(int sig, siginfo_t *info, void *ctx)
+{
+    int saved = errno;
+    char byte = 0;
+    if (sigchld_write_fd >= 0)
+        (void)write(sigchld_write_fd, &byte, 1); /* a full pipe already wakes */
+    if (sigchld_prev.sa_flags & SA_SIGINFO) {
+        if (sigchld_prev.sa_sigaction != NULL)
+            sigchld_prev.sa_sigaction(sig, info, ctx);
+    } else if (sigchld_prev.sa_handler != SIG_DFL && sigchld_prev.sa_handler != SIG_IGN &&
+               sigchld_prev.sa_handler != NULL) {
+        sigchld_prev.sa_handler(sig);
+    }
+    errno = saved;
+}
+
+static int new_pipe(int fds[2])
+{
+    if (pipe(fds) != 0)
+        return errno;
+    for (int i = 0; i < 2; i++) {
+        int fl = fcntl(fds[i], F_GETFL);
+        if (fl < 0 || fcntl(fds[i], F_SETFL, fl | O_NONBLOCK) < 0 ||
+            fcntl(fds[i], F_SETFD, FD_CLOEXEC) < 0) {
+            int err = errno;
+            close(fds[0]);
+            close(fds[1]);
+            return err;
+        }
+    }
+    return 0;
+}
+
+/* A forked child must not share the parent's pipe: its SIGCHLDs would
+ * wake the parent and its drains would eat the parent's wakeups.  Swap in
+ * a fresh pipe under the same descriptor numbers, which the caller keeps. */
+static void sigchld_atfork_child(void)
+{
+    int fds[2];
+    if (sigchld_pipe[0] < 0 || new_pipe(fds) != 0)
+        return;
+    dup2(fds[0], sigchld_pipe[0]);
+    dup2(fds[1], sigchld_pipe[1]);
+    fcntl(sigchld_pipe[0], F_SETFD, FD_CLOEXEC);
+    fcntl(sigchld_pipe[1], F_SETFD, FD_CLOEXEC);
+    close(fds[0]);
+    close(fds[1]);
+    pthread_mutex_init(&sigchld_mu, NULL);
+}
+
+int pl_sigchld_open(int64_t *fd)
+{
+    struct sigaction sa;
+    int rc = 0;
+    pthread_mutex_lock(&sigchld_mu);
+    if (sigchld_pipe[0] >= 0) {
+        *fd = sigchld_pipe[0];
+        goto out;
+    }
+    if ((rc = new_pipe(sigchld_pipe)) != 0) {
+        sigchld_pipe[0] = sigchld_pipe[1] = -1;
+        goto out;
+    }
+    if (sigaction(SIGCHLD, NULL, &sigchld_prev) != 0) {
+        rc = errno;
+        goto undo;
+    }
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigchld;
+    sigfillset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO;
+    if (sigchld_prev.sa_handler == SIG_DFL || sigchld_prev.sa_handler == SIG_IGN) {
+        /* Nobody listened: SIGCHLD must not start interrupting syscalls. */
+        sa.sa_flags |= SA_RESTART | SA_NOCLDSTOP;
+        /* SIG_IGN meant "reap my children automatically"; keep that. */
+        if (!(sigchld_prev.sa_flags & SA_SIGINFO) && sigchld_prev.sa_handler == SIG_IGN)
+            sa.sa_flags |= SA_NOCLDWAIT;
+    } else {
+        /* Keep the previous handler's view of restarts and stops. */
+        sa.sa_flags |= sigchld_prev.sa_flags & (SA_RESTART | SA_NOCLDSTOP | SA_ONSTACK);
+    }
+    sigchld_write_fd = sigchld_pipe[1];
+    if (sigaction(SIGCHLD, &sa, NULL) != 0) {
+        rc = errno;
+        sigchld_write_fd = -1;
+        goto undo;
+    }
+    pthread_atfork(NULL, NULL, sigchld_atfork_child);
+    *fd = sigchld_pipe[0];
+    goto out;
+undo:
+    close(sigchld_pipe[0]);
+    close(sigchld_pipe[1]);
+    sigchld_pipe[0] = sigchld_pipe[1] = -1;
+out:
+    pthread_mutex_unlock(&sigchld_mu);
+    return rc;
+}
+
+int pl_sigchld_drain(int64_t fd)
+{
+    char buf[256];
+    for (;;) {
+        ssize_t n = read((int)fd, buf, sizeof buf);
+        if (n > 0)
+            continue;
+        if (n == 0)
+            return 0;
+        if (errno == EINTR)
+            continue;
+        return errno == EAGAIN ? 0 : errno;
+    }
+}
+
+#endif /* __APPLE__ */

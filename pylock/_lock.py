@@ -1,0 +1,464 @@
+"""Lock: an OS lock on a file, with a record of who holds it."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import os
+import threading
+import time
+import weakref
+from types import TracebackType
+from typing import Any, Optional, Union
+
+from . import _fs
+from ._errors import LockError, LockFileError, LockHeld, LockTimeout, NotHeld, ReentrantAcquire
+from ._errors import UnsafeFilesystem
+from ._holder import Holder, find_holder
+from ._native import ffi, lib
+from ._process import self_identity
+from ._record import RecordTemplate
+from ._syscall import check, fail, open_lock_file
+
+log = logging.getLogger("pylock")
+
+_Owner = Union[int, tuple[str, int]]
+
+# Who in this process holds which file, to refuse a wait that could only
+# deadlock: the same thread (or task) asking again through another Lock.
+_held: dict[tuple[int, int], list[_Owner]] = {}
+# Every Lock with an open descriptor, so a forked child can drop them.
+_open_locks: weakref.WeakSet[Lock] = weakref.WeakSet()
+
+
+def _thread_owner() -> _Owner:
+    return threading.get_ident()
+
+
+def _task_owner() -> _Owner:
+    task = asyncio.current_task()
+    return ("task", id(task)) if task is not None else threading.get_ident()
+
+
+def _ns_until(deadline: Optional[float]) -> int:
+    if deadline is None:
+        return -1
+    return max(0, int((deadline - time.monotonic()) * 1e9))
+
+
+class Lock:
+    """An inter-process lock on path that knows who holds it.
+
+    The kernel's lock (flock, LockFileEx) is the only truth: it is dropped
+    when the holder dies, even by SIGKILL.  After taking it, an exclusive
+    holder writes a best-effort record (pid, start identity, host, program,
+    time, info) that holder() and the errors use to explain.  Locks are not
+    reentrant; two Lock objects exclude each other in one process as in two.
+    """
+
+    def __init__(
+        self,
+        path: Union[str, os.PathLike[str]],
+        *,
+        shared: bool = False,
+        mode: Optional[int] = None,
+        info: Optional[dict[str, Any]] = None,
+        allow_network_fs: bool = False,
+    ) -> None:
+        raw = os.fspath(path)
+        # Resolved now: a later chdir must not move the lock.
+        self.path: str = os.path.abspath(raw)
+        self.shared = shared
+        if mode is not None and not 0 <= mode <= 0o7777:
+            raise ValueError(f"mode must be a permission mode like 0o644, not {mode!r}")
+        self._mode = -1 if mode is None else mode
+        if info is not None:
+            json.dumps(info)  # refuse what the record could not carry, now
+        self._info = info
+        self._allow_network_fs = allow_network_fs
+        self._handle = -1
+        self._key = (0, 0)
+        self._writable = True
+        self._template: Optional[RecordTemplate] = None
+        self._record_warned = False
+        self._stat = ffi.new("pl_file_info *")
+        self._guard = threading.Lock()  # one owner per Lock object
+        self._owner: Optional[_Owner] = None
+        self._object_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def __repr__(self) -> str:
+        state = "locked" if self.locked else "unlocked"
+        kind = "shared" if self.shared else "exclusive"
+        return f"<pylock.Lock {self.path!r} {kind} {state}>"
+
+    @property
+    def locked(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._owner is not None
+
+    # -- the descriptor, kept open between acquisitions ---------------------
+
+    def _open(self) -> int:
+        try:
+            handle = open_lock_file(self.path, lib.PL_OPEN_CREATE, self._mode)
+            self._writable = True
+        except LockFileError as exc:
+            # A lock file we may read but not write (another user's, or on a
+            # read-only filesystem) can still be locked; only the record is lost.
+            if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+                raise
+            try:
+                handle = open_lock_file(self.path, lib.PL_OPEN_READONLY)
+            except LockFileError:
+                raise exc from None
+            self._writable = False
+        try:
+            self._check_filesystem(handle)
+            check(lib.pl_file_stat(handle, self._stat), self.path)
+        except BaseException:
+            lib.pl_close(handle)
+            raise
+        self._key = (self._stat.dev, self._stat.ino)
+        self._handle = handle
+        _open_locks.add(self)
+        return handle
+
+    def _check_filesystem(self, handle: int) -> None:
+        if self._allow_network_fs:
+            return
+        fs = ffi.new("pl_fs_info *")
+        check(lib.pl_fs_stat(handle, fs), self.path)
+        name = _fs.network_filesystem(fs.magic, fs.remote, ffi.string(fs.name).decode())
+        if name is not None:
+            raise UnsafeFilesystem(self.path, name)
+
+    def _close_handle(self) -> None:
+        if self._handle >= 0:
+            lib.pl_close(self._handle)
+            self._handle = -1
+            _open_locks.discard(self)
+
+    def close(self) -> None:
+        """Release the lock if this object holds it, and close the lock file."""
+        if self.locked:
+            self.release()
+        self._close_handle()
+
+    def __del__(self) -> None:
+        # Closing the descriptor is what drops the kernel lock.
+        if self._handle >= 0:
+            lib.pl_close(self._handle)
+
+    # -- taking the lock -----------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        """Take the lock, waiting in the kernel for the holder's release or death.
+
+        Raises LockHeld when blocking is False and someone holds it,
+        LockTimeout when timeout seconds pass, ReentrantAcquire when this
+        thread already holds it.  Returns True.
+        """
+        if not blocking and timeout is not None:
+            raise ValueError("a timeout makes no sense with blocking=False")
+        owner = _thread_owner()
+        if self._owner == owner:
+            raise ReentrantAcquire(
+                f"{self.path}: this thread already holds this Lock; pylock locks are "
+                "not reentrant (release it first, or use one Lock per thread)"
+            )
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        if not self._guard.acquire(False):
+            # Another thread of this process holds this very object.
+            if not blocking or not self._guard.acquire(True, -1 if timeout is None else timeout):
+                self._raise_held(blocking, timeout)
+        try:
+            self._take(blocking, deadline, timeout, owner)
+        except BaseException:
+            self._guard.release()
+            raise
+        return True
+
+    def _take(
+        self, blocking: bool, deadline: Optional[float], timeout: Optional[float], owner: _Owner
+    ) -> None:
+        shared = int(self.shared)
+        while True:
+            handle = self._handle if self._handle >= 0 else self._open()
+            rc = lib.pl_try_lock(handle, shared)
+            if rc == errno.EWOULDBLOCK:
+                if not blocking or deadline is not None and deadline <= time.monotonic():
+                    self._raise_held(blocking, timeout)
+                self._refuse_self_deadlock(owner)
+                self._wait(handle, shared, deadline, timeout)
+            elif rc:
+                fail(rc, self.path)
+            if self._still_linked(handle):
+                break
+        self._owner = owner
+        _held.setdefault(self._key, []).append(owner)
+        if not shared and self._writable:
+            self._write_record(handle)
+
+    def _wait(
+        self, handle: int, shared: int, deadline: Optional[float], timeout: Optional[float]
+    ) -> None:
+        waiter = lib.pl_waiter_new()
+        if waiter == ffi.NULL:
+            raise MemoryError
+        try:
+            while True:
+                rc = lib.pl_lock_wait(handle, shared, _ns_until(deadline), waiter)
+                if rc == 0:
+                    return
+                if rc == errno.ETIMEDOUT:
+                    self._raise_held(True, timeout)
+                if rc != errno.EINTR:
+                    fail(rc, self.path)
+                # EINTR: returning to Python ran the signal handlers (which
+                # may raise, e.g. KeyboardInterrupt); wait for the time left.
+        finally:
+            lib.pl_waiter_free(waiter)
+
+    def _still_linked(self, handle: int) -> bool:
+        """After locking: is this still the file at path?
+
+        release(unlink=True) unlinks while holding, so a waiter that gets
+        the lock of an unlinked file must start again on the new file;
+        otherwise two waiters could hold "the" lock on two inodes.
+        """
+        check(lib.pl_file_stat(handle, self._stat), self.path)
+        if self._stat.nlink > 0:
+            return True
+        lib.pl_unlock(handle)
+        self._close_handle()
+        return False
+
+    def _refuse_self_deadlock(self, owner: _Owner) -> None:
+        if owner in _held.get(self._key, ()):
+            raise ReentrantAcquire(
+                f"{self.path}: this {'task' if isinstance(owner, tuple) else 'thread'} "
+                "already holds this lock through another Lock object; waiting would "
+                "deadlock (pylock locks are not reentrant)"
+            )
+
+    def _raise_held(self, blocking: bool, timeout: Optional[float]) -> None:
+        holder = find_holder(self.path, known_held=True)
+        if blocking:
+            raise LockTimeout(self.path, holder, timeout or 0.0)
+        raise LockHeld(self.path, holder)
+
+    def _write_record(self, handle: int) -> None:
+        if self._template is None:
+            self._template = RecordTemplate(self_identity(), self._info)
+        data = self._template.render()
+        rc = lib.pl_write_record(handle, data, len(data))
+        if rc and not self._record_warned:
+            self._record_warned = True
+            log.warning(
+                "pylock: holding %s, but its holder record could not be written (%s); "
+                "the lock is held and safe, only diagnostics will not name this process",
+                self.path,
+                os.strerror(rc),
+            )
+
+    # -- asyncio ---------------------------------------------------------------
+
+    async def acquire_async(self, timeout: Optional[float] = None) -> bool:
+        """Take the lock from a coroutine without blocking the event loop.
+
+        While the lock is held elsewhere, one thread waits in the kernel and
+        hands over to the loop when the holder releases or dies; cancelling
+        the task (or the timeout) interrupts that wait and leaves nothing
+        behind, never the lock.
+        """
+        owner = _task_owner()
+        if self._owner == owner:
+            raise ReentrantAcquire(
+                f"{self.path}: this task already holds this Lock; pylock locks are not reentrant"
+            )
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        while not self._guard.acquire(False):
+            await self._wait_for_object(deadline, timeout)
+        try:
+            shared = int(self.shared)
+            while True:
+                handle = self._handle if self._handle >= 0 else self._open()
+                rc = lib.pl_try_lock(handle, shared)
+                if rc == errno.EWOULDBLOCK:
+                    if deadline is not None and deadline <= time.monotonic():
+                        self._raise_held(True, timeout)
+                    self._refuse_self_deadlock(owner)
+                    await self._wait_async(handle, shared, deadline, timeout)
+                elif rc:
+                    fail(rc, self.path)
+                if self._still_linked(handle):
+                    break
+            self._owner = owner
+            _held.setdefault(self._key, []).append(owner)
+            if not shared and self._writable:
+                self._write_record(handle)
+        except BaseException:
+            self._guard.release()
+            self._wake_object_waiter()
+            raise
+        return True
+
+    async def _wait_for_object(self, deadline: Optional[float], timeout: Optional[float]) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        entry = (loop, future)
+        self._object_waiters.append(entry)
+        try:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait_for(future, remaining)
+        except asyncio.TimeoutError:
+            self._raise_held(True, timeout)
+        finally:
+            if entry in self._object_waiters:
+                self._object_waiters.remove(entry)
+
+    def _wake_object_waiter(self) -> None:
+        if self._object_waiters:
+            loop, future = self._object_waiters.pop(0)
+            try:
+                loop.call_soon_threadsafe(_set_result, future)
+            except RuntimeError:  # that loop is closed
+                pass
+
+    async def _wait_async(
+        self, handle: int, shared: int, deadline: Optional[float], timeout: Optional[float]
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+        waiter = lib.pl_waiter_new()
+        if waiter == ffi.NULL:
+            raise MemoryError
+        outcome = [errno.ECANCELED]
+
+        def wait_in_kernel() -> None:
+            rc = errno.EINTR
+            while rc == errno.EINTR:
+                rc = lib.pl_lock_wait(handle, shared, _ns_until(deadline), waiter)
+            outcome[0] = rc
+            try:
+                loop.call_soon_threadsafe(_set_result, done, rc)
+            except RuntimeError:  # the loop closed under us; nobody waits
+                pass
+
+        thread = threading.Thread(target=wait_in_kernel, name=f"pylock wait {self.path}")
+        thread.daemon = True
+        thread.start()
+        try:
+            rc = await done
+        except BaseException:
+            lib.pl_waiter_cancel(waiter)  # returns once the thread left its wait
+            thread.join()
+            if outcome[0] == 0:  # granted just before the cancel: give it back
+                lib.pl_unlock(handle)
+            raise
+        finally:
+            thread.join()
+            lib.pl_waiter_free(waiter)
+        if rc == errno.ETIMEDOUT:
+            self._raise_held(True, timeout)
+        if rc:
+            fail(rc, self.path)
+
+    # -- releasing ---------------------------------------------------------
+
+    def release(self, unlink: bool = False) -> None:
+        """Release the lock.
+
+        unlink=True also removes the lock file, safely: it is unlinked while
+        still held, and every acquirer re-checks after locking that its file
+        is still linked, so waiters are never split across two inodes.
+        """
+        owner = self._owner
+        if owner is None:
+            raise NotHeld(f"{self.path}: release() of a lock this Lock object does not hold")
+        if unlink:
+            if self.shared:
+                raise LockError(
+                    f"{self.path}: release(unlink=True) needs an exclusive lock: other "
+                    "shared holders would keep the old file while newcomers lock a new one"
+                )
+            self._unlink_while_holding()
+        lib.pl_unlock(self._handle)
+        owners = _held.get(self._key)
+        if owners is not None:
+            owners.remove(owner)
+            if not owners:
+                del _held[self._key]
+        self._owner = None
+        if unlink:
+            self._close_handle()
+        self._guard.release()
+        if self._object_waiters:
+            self._wake_object_waiter()
+
+    def _unlink_while_holding(self) -> None:
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if (st.st_dev, st.st_ino) == self._key:
+            os.unlink(self.path)
+
+    # -- diagnostics ------------------------------------------------------
+
+    def holder(self) -> Optional[Holder]:
+        """The process holding this lock now (maybe this one), or None when free."""
+        return find_holder(self.path)
+
+    # -- context managers ---------------------------------------------------
+
+    def __enter__(self) -> Lock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.release()
+
+    async def __aenter__(self) -> Lock:
+        await self.acquire_async()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.release()
+
+
+def _set_result(future: asyncio.Future[Any], value: Any = None) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _after_fork_in_child() -> None:
+    # The child shares the parent's open file descriptions: unlocking would
+    # release the parent's lock, keeping them would keep it alive after the
+    # parent dies.  Close them, and forget everything the parent held.
+    for lock in list(_open_locks):
+        if lock._handle >= 0:
+            lib.pl_close(lock._handle)
+        lock._handle = -1
+        lock._owner = None
+        lock._template = None
+        lock._guard = threading.Lock()
+        lock._object_waiters = []
+    _open_locks.clear()
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,85 @@
+"""The holder record: who holds the lock, for diagnostics only.
+
+Layout, at offset 0 of the lock file:
+    b"pylock-record v1 <length> <crc32 hex>\\n" + <length> bytes of JSON
+A reader accepts a record only when the header parses and the checksum
+matches, so a torn write, an older longer record's tail, or garbage is
+"no record", never a wrong holder.  Safety never depends on the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import zlib
+from typing import Any, Optional
+
+MAGIC = b"pylock-record v1 "
+# Reads are bounded: a 10 MiB file at the lock path costs 64 KiB at most.
+MAX_RECORD = 64 * 1024
+MAX_INFO = 16 * 1024
+
+
+def program_argv() -> list[str]:
+    argv = list(sys.orig_argv) if hasattr(sys, "orig_argv") else [sys.executable, *sys.argv]
+    return argv
+
+
+class RecordTemplate:
+    """Everything of a record but the moment of acquisition, serialised once."""
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(self, identity: Any, info: Optional[dict[str, Any]]) -> None:
+        argv = program_argv()
+        fields: dict[str, Any] = {
+            "pid": identity.pid,
+            "start_time": identity.start_time,
+            "boot_id": identity.boot_id,
+            "pidfs_ino": identity.pidfs_ino,
+            "host": socket.gethostname(),
+            "program": os.path.basename(argv[0]) if argv else "",
+            "argv": argv[:64],
+        }
+        if info is not None:
+            encoded_info = json.dumps(info, separators=(",", ":"), sort_keys=True)
+            if len(encoded_info) > MAX_INFO:
+                raise ValueError(f"info is {len(encoded_info)} bytes as JSON; at most {MAX_INFO}")
+            fields["info"] = info
+        body = json.dumps(fields, separators=(",", ":"))
+        # The timestamp is spliced in as the last field, fixed width.
+        self._head = (body[:-1] + ',"acquired_at":').encode()
+        self._tail = b"}"
+
+    def render(self, now: Optional[float] = None) -> bytes:
+        stamp = b"%.6f" % (time.time() if now is None else now)
+        payload = self._head + stamp + self._tail
+        header = b"%s%d %08x\n" % (MAGIC, len(payload), zlib.crc32(payload))
+        return header + payload
+
+
+def parse(raw: bytes) -> Optional[dict[str, Any]]:
+    """The record in raw, or None when there is no complete, intact one."""
+    if not raw.startswith(MAGIC):
+        return None
+    end = raw.find(b"\n", 0, 64)
+    if end < 0:
+        return None
+    try:
+        length_text, crc_text = raw[len(MAGIC) : end].split(b" ")
+        length, crc = int(length_text), int(crc_text, 16)
+    except ValueError:
+        return None
+    payload = raw[end + 1 : end + 1 + length]
+    if len(payload) != length or zlib.crc32(payload) != crc:
+        return None
+    try:
+        fields = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(fields, dict) or not isinstance(fields.get("pid"), int):
+        return None
+    return fields

@@ -16,13 +16,13 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADERS = ["pylock.h", "pylock_proc.h"]
-SOURCES = [
-    "lock_posix.c",
-    "proc_linux.c",
-    "proc_macos.c",
-    "win_lock.c",
-    "win_proc.c",
-]
+# Each platform compiles its own files (each is also wrapped in its #if).
+if sys.platform == "win32":
+    SOURCES = ["win_lock.c", "win_proc.c"]
+elif sys.platform == "darwin":
+    SOURCES = ["lock_posix.c", "proc_macos.c"]
+else:
+    SOURCES = ["lock_posix.c", "proc_linux.c"]
 
 
 def _cdef_of(header: str) -> str:

@@ -41,6 +41,10 @@
 
 /* ---- identity ----------------------------------------------------- */
 
+/* The kernel's PID_MAX (private to the kernel, unchanged since 10.0):
+ * beyond it a pid is malformed, not merely absent. */
+#define PL_DARWIN_PID_MAX 99999
+
 static int valid_pid(int64_t pid)
 {
     return pid > 0 && pid <= INT_MAX;
@@ -98,14 +102,17 @@ static void fill_identity(int64_t pid, const struct kinfo_proc *kp, pl_identity 
     boot_id(out->boot_id, sizeof out->boot_id);
 }
 
+/* A zombie has exited: it has no identity as a live process (ESRCH). */
 int pl_identity_of(int64_t pid, pl_identity *out)
 {
     struct kinfo_proc kp;
     int rc;
     if (!valid_pid(pid))
-        return pid > INT_MAX ? ESRCH : EINVAL;
+        return EINVAL;
     if ((rc = kinfo_of(pid, &kp)) != 0)
         return rc;
+    if (kp.kp_proc.p_stat == SZOMB)
+        return ESRCH;
     fill_identity(pid, &kp, out);
     return 0;
 }
@@ -190,7 +197,7 @@ int pl_proc_open(int64_t pid, pl_handle *out)
     struct kinfo_proc kp;
     int kq, rc;
     if (!valid_pid(pid))
-        return pid > INT_MAX ? ESRCH : EINVAL;
+        return EINVAL;
     kq = kqueue();
     if (kq < 0)
         return errno;
@@ -207,6 +214,8 @@ int pl_proc_open(int64_t pid, pl_handle *out)
         EV_SET(&ev, (uintptr_t)pid, EVFILT_PROC, EV_ADD | EV_ENABLE, NOTE_EXIT, 0, NULL);
         rc = kq_change(kq, &ev);
     }
+    if (rc == ESRCH && pid > PL_DARWIN_PID_MAX)
+        rc = EINVAL;
     if (rc != 0)
         goto fail;
     /* The kernel refuses registration on a zombie with ESRCH; should one
@@ -236,7 +245,7 @@ int pl_proc_identity(pl_handle h, int64_t pid, pl_identity *out)
     struct kinfo_proc kp;
     int rc, exited;
     if (!valid_pid(pid))
-        return pid > INT_MAX ? ESRCH : EINVAL;
+        return EINVAL;
     if ((rc = kinfo_of(pid, &kp)) != 0)
         return rc;
     /* Once the pinned process has exited, a live process under its pid is
@@ -254,26 +263,42 @@ int pl_proc_poll(pl_handle h, int *exited)
     return poll_mark((int)h, exited, NULL);
 }
 
+static int64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 int pl_proc_wait(pl_handle h, int64_t timeout_ns, pl_waiter *w)
 {
-    struct timespec ts, *tp = NULL;
-    int rc, err, exited = 0;
+    int64_t deadline = timeout_ns >= 0 ? monotonic_ns() + timeout_ns : -1;
+    int rc, exited = 0;
     /* kevent takes the timeout itself; the waiter only carries
      * cancellation, so no deadline thread is needed. */
-    if (timeout_ns >= 0) {
-        ts.tv_sec = (time_t)(timeout_ns / 1000000000LL);
-        ts.tv_nsec = (long)(timeout_ns % 1000000000LL);
-        tp = &ts;
-    }
-    if ((rc = pl__wait_begin(w, -1)) != 0)
+    if (w != NULL && (rc = pl__wait_begin(w, -1)) != 0)
         return rc;
-    err = collect((int)h, tp, &exited, NULL);
-    rc = pl__wait_end(w, err == 0 ? 0 : -1, err);
+    for (;;) {
+        struct timespec ts, *tp = NULL;
+        if (deadline >= 0) {
+            int64_t left = deadline - monotonic_ns();
+            if (left < 0)
+                left = 0;
+            ts.tv_sec = (time_t)(left / 1000000000LL);
+            ts.tv_nsec = (long)(left % 1000000000LL);
+            tp = &ts;
+        }
+        rc = collect((int)h, tp, &exited, NULL);
+        /* Anything but the exit (nothing else is registered) or the end
+         * of the time means wait on. */
+        if (rc != 0 || exited || (deadline >= 0 && monotonic_ns() >= deadline))
+            break;
+    }
+    if (w != NULL)
+        rc = pl__wait_end(w, rc == 0 ? 0 : -1, rc);
     if (rc != 0)
         return rc;
-    if (exited)
-        return 0;
-    return pl__wait_cancelled(w) ? ECANCELED : ETIMEDOUT;
+    return exited ? 0 : ETIMEDOUT;
 }
 
 static int decode_status(int status)
@@ -305,6 +330,8 @@ int pl_proc_returncode(pl_handle h, int64_t pid, int *returncode)
 {
     uintptr_t mark = 0;
     int rc, exited;
+    if (!valid_pid(pid))
+        return EINVAL;
     if ((rc = poll_mark((int)h, &exited, &mark)) != 0)
         return rc;
     if (!exited)
@@ -313,8 +340,6 @@ int pl_proc_returncode(pl_handle h, int64_t pid, int *returncode)
         *returncode = decode_status((int)(mark & 0xffffu));
         return 0;
     }
-    if (!valid_pid(pid))
-        return ENODATA;
     /* Our own child, not yet reaped: read its status without reaping. */
     rc = child_status(pid, &exited, returncode);
     if (rc == 0 && exited)
@@ -333,7 +358,7 @@ int pl_proc_event_fd(pl_handle h, int64_t *fd)
 int pl_child_poll(int64_t pid, int *exited, int *returncode)
 {
     if (!valid_pid(pid))
-        return ECHILD;
+        return EINVAL;
     *returncode = 0;
     return child_status(pid, exited, returncode);
 }
@@ -341,16 +366,20 @@ int pl_child_poll(int64_t pid, int *exited, int *returncode)
 /* macOS has no signalfd: a handler writes a byte to a non-blocking pipe
  * and chains to whatever handler was there before. */
 static pthread_mutex_t sigchld_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t sigchld_atfork_once = PTHREAD_ONCE_INIT;
 static struct sigaction sigchld_prev;
-static int sigchld_pipe[2] = {-1, -1};
-static volatile sig_atomic_t sigchld_write_fd = -1;
+static int sigchld_rfd = -1;
+static volatile sig_atomic_t sigchld_wfd = -1;
 
 static void on_sigchld(int sig, siginfo_t *info, void *ctx)
 {
     int saved = errno;
-    char byte = 0;
-    if (sigchld_write_fd >= 0)
-        (void)write(sigchld_write_fd, &byte, 1); /* a full pipe already wakes */
+    int wfd = sigchld_wfd;
+    if (wfd >= 0) {
+        char byte = 0;
+        ssize_t r = write(wfd, &byte, 1); /* a full pipe already wakes */
+        (void)r;
+    }
     if (sigchld_prev.sa_flags & SA_SIGINFO) {
         if (sigchld_prev.sa_sigaction != NULL)
             sigchld_prev.sa_sigaction(sig, info, ctx);
@@ -378,68 +407,91 @@ static int new_pipe(int fds[2])
     return 0;
 }
 
+static void sigchld_atfork_prepare(void)
+{
+    pthread_mutex_lock(&sigchld_mu);
+}
+
+static void sigchld_atfork_parent(void)
+{
+    pthread_mutex_unlock(&sigchld_mu);
+}
+
 /* A forked child must not share the parent's pipe: its SIGCHLDs would
  * wake the parent and its drains would eat the parent's wakeups.  Swap in
  * a fresh pipe under the same descriptor numbers, which the caller keeps. */
 static void sigchld_atfork_child(void)
 {
     int fds[2];
-    if (sigchld_pipe[0] < 0 || new_pipe(fds) != 0)
-        return;
-    dup2(fds[0], sigchld_pipe[0]);
-    dup2(fds[1], sigchld_pipe[1]);
-    fcntl(sigchld_pipe[0], F_SETFD, FD_CLOEXEC);
-    fcntl(sigchld_pipe[1], F_SETFD, FD_CLOEXEC);
-    close(fds[0]);
-    close(fds[1]);
+    if (sigchld_rfd >= 0 && new_pipe(fds) == 0) {
+        dup2(fds[0], sigchld_rfd);
+        dup2(fds[1], (int)sigchld_wfd);
+        fcntl(sigchld_rfd, F_SETFD, FD_CLOEXEC);
+        fcntl((int)sigchld_wfd, F_SETFD, FD_CLOEXEC);
+        close(fds[0]);
+        close(fds[1]);
+    }
     pthread_mutex_init(&sigchld_mu, NULL);
+}
+
+static void sigchld_register_atfork(void)
+{
+    pthread_atfork(sigchld_atfork_prepare, sigchld_atfork_parent, sigchld_atfork_child);
+}
+
+static int sigchld_install(void)
+{
+    struct sigaction sa, cur;
+    if (sigaction(SIGCHLD, NULL, &cur) != 0)
+        return errno;
+    if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigchld)
+        return 0;
+    /* Ignored SIGCHLD or SA_NOCLDWAIT: the kernel reaps children itself
+     * and waitid has nothing to read.  A handler would change that for the
+     * whole program, so refuse instead. */
+    if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN)
+        return ECHILD;
+    if (cur.sa_flags & SA_NOCLDWAIT)
+        return ECHILD;
+    sigchld_prev = cur;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigchld;
+    sa.sa_mask = cur.sa_mask;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART | (cur.sa_flags & SA_ONSTACK);
+    /* Keep stop/continue notifications for a previous handler that asked
+     * for them; pylock itself only cares about exits. */
+    if ((cur.sa_flags & SA_NOCLDSTOP) ||
+        (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_DFL))
+        sa.sa_flags |= SA_NOCLDSTOP;
+    if (sigaction(SIGCHLD, &sa, NULL) != 0)
+        return errno;
+    return 0;
 }
 
 int pl_sigchld_open(int64_t *fd)
 {
-    struct sigaction sa;
-    int rc = 0;
+    int rc;
+    pthread_once(&sigchld_atfork_once, sigchld_register_atfork);
     pthread_mutex_lock(&sigchld_mu);
-    if (sigchld_pipe[0] >= 0) {
-        *fd = sigchld_pipe[0];
-        goto out;
-    }
-    if ((rc = new_pipe(sigchld_pipe)) != 0) {
-        sigchld_pipe[0] = sigchld_pipe[1] = -1;
-        goto out;
-    }
-    if (sigaction(SIGCHLD, NULL, &sigchld_prev) != 0) {
-        rc = errno;
-        goto undo;
-    }
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_sigchld;
-    sigfillset(&sa.sa_mask);
-    sa.sa_flags = SA_SIGINFO;
-    if (sigchld_prev.sa_handler == SIG_DFL || sigchld_prev.sa_handler == SIG_IGN) {
-        /* Nobody listened: SIGCHLD must not start interrupting syscalls. */
-        sa.sa_flags |= SA_RESTART | SA_NOCLDSTOP;
-        /* SIG_IGN meant "reap my children automatically"; keep that. */
-        if (!(sigchld_prev.sa_flags & SA_SIGINFO) && sigchld_prev.sa_handler == SIG_IGN)
-            sa.sa_flags |= SA_NOCLDWAIT;
+    if (sigchld_rfd < 0) {
+        int p[2];
+        if ((rc = new_pipe(p)) == 0) {
+            sigchld_wfd = p[1];
+            if ((rc = sigchld_install()) != 0) {
+                sigchld_wfd = -1;
+                close(p[0]);
+                close(p[1]);
+            } else {
+                sigchld_rfd = p[0];
+            }
+        }
     } else {
-        /* Keep the previous handler's view of restarts and stops. */
-        sa.sa_flags |= sigchld_prev.sa_flags & (SA_RESTART | SA_NOCLDSTOP | SA_ONSTACK);
+        /* Someone may have replaced the handler since (signal.signal):
+         * chain in front of the new one. */
+        rc = sigchld_install();
     }
-    sigchld_write_fd = sigchld_pipe[1];
-    if (sigaction(SIGCHLD, &sa, NULL) != 0) {
-        rc = errno;
-        sigchld_write_fd = -1;
-        goto undo;
-    }
-    pthread_atfork(NULL, NULL, sigchld_atfork_child);
-    *fd = sigchld_pipe[0];
-    goto out;
-undo:
-    close(sigchld_pipe[0]);
-    close(sigchld_pipe[1]);
-    sigchld_pipe[0] = sigchld_pipe[1] = -1;
-out:
+    if (rc == 0)
+        *fd = sigchld_rfd;
     pthread_mutex_unlock(&sigchld_mu);
     return rc;
 }

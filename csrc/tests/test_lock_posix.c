@@ -1,0 +1,261 @@
+/*
+ * Tests of pylock's POSIX lock core, run under ASan/UBSan by .ci/run:
+ *   cc -fsanitize=address,undefined csrc/lock_posix.c csrc/tests/test_lock_posix.c
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "../pylock.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int passed, failed;
+static char dir[] = "/tmp/pylock-ctest-XXXXXX";
+
+#define CHECK(cond)                                                         \
+    do {                                                                    \
+        if (cond) {                                                         \
+            passed++;                                                       \
+        } else {                                                            \
+            failed++;                                                       \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                   \
+    } while (0)
+
+static char *path_in(const char *name)
+{
+    static char buf[4][512];
+    static int next;
+    char *p = buf[next++ % 4];
+    snprintf(p, 512, "%s/%s", dir, name);
+    return p;
+}
+
+static pl_handle open_lock(const char *path)
+{
+    pl_handle h = -1;
+    int created = 0;
+    int rc = pl_open(path, PL_OPEN_CREATE, -1, &h, &created);
+    CHECK(rc == 0);
+    return h;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void test_open_errors(void)
+{
+    pl_handle h;
+    int created;
+    CHECK(pl_open(path_in("missing/x.lock"), PL_OPEN_CREATE, -1, &h, &created) == ENOENT);
+    CHECK(pl_open(dir, PL_OPEN_CREATE, -1, &h, &created) == EISDIR);
+    CHECK(pl_open("/dev/null", PL_OPEN_CREATE, -1, &h, &created) == PL_E_NOTREG);
+    char *fifo = path_in("fifo");
+    CHECK(mkfifo(fifo, 0600) == 0);
+    CHECK(pl_open(fifo, PL_OPEN_CREATE, -1, &h, &created) == PL_E_NOTREG);
+    char *target = path_in("target"), *link = path_in("link");
+    CHECK(symlink(target, link) == 0);
+    CHECK(pl_open(link, PL_OPEN_CREATE, -1, &h, &created) == PL_E_SYMLINK);
+    CHECK(access(target, F_OK) != 0); /* the dangling link was not followed */
+    CHECK(pl_open(path_in("absent"), 0, -1, &h, &created) == ENOENT);
+    char longname[600];
+    memset(longname, 'a', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    CHECK(pl_open(path_in(longname), PL_OPEN_CREATE, -1, &h, &created) == ENAMETOOLONG);
+}
+
+static void test_create_mode(void)
+{
+    pl_handle h;
+    int created = 0;
+    struct stat st;
+    mode_t old = umask(022);
+    CHECK(pl_open(path_in("m1"), PL_OPEN_CREATE, 0666, &h, &created) == 0 && created == 1);
+    CHECK(fstat((int)h, &st) == 0 && (st.st_mode & 0777) == 0666);
+    pl_close(h);
+    CHECK(pl_open(path_in("m2"), PL_OPEN_CREATE, -1, &h, &created) == 0 && created == 1);
+    CHECK(fstat((int)h, &st) == 0 && (st.st_mode & 0777) == 0644);
+    pl_close(h);
+    CHECK(pl_open(path_in("m2"), PL_OPEN_CREATE, -1, &h, &created) == 0 && created == 0);
+    pl_close(h);
+    CHECK(umask(old) == 022);
+}
+
+static void test_exclusion_and_records(void)
+{
+    char *p = path_in("x.lock");
+    pl_handle a = open_lock(p), b = open_lock(p);
+    pl_file_info fa, fb;
+    CHECK(pl_file_stat(a, &fa) == 0 && pl_file_stat(b, &fb) == 0);
+    CHECK(fa.dev == fb.dev && fa.ino == fb.ino && fa.nlink == 1);
+    CHECK(pl_try_lock(a, 0) == 0);
+    CHECK(pl_try_lock(b, 0) == EWOULDBLOCK);
+    CHECK(pl_try_lock(b, 1) == EWOULDBLOCK);
+    const char rec[] = "pylock-record v1 2 00000000\n{}";
+    CHECK(pl_write_record(a, rec, sizeof rec - 1) == 0);
+    char buf[64];
+    size_t n = 0;
+    CHECK(pl_read_record(b, buf, sizeof buf, &n) == 0 && n == sizeof rec - 1);
+    CHECK(memcmp(buf, rec, n) == 0);
+    CHECK(pl_read_record(b, buf, 4, &n) == 0 && n == 4); /* bounded */
+    CHECK(pl_unlock(a) == 0);
+    CHECK(pl_try_lock(a, 1) == 0 && pl_try_lock(b, 1) == 0); /* shared + shared */
+    pl_unlock(a);
+    pl_unlock(b);
+    pl_fs_info fs;
+    CHECK(pl_fs_stat(a, &fs) == 0 && fs.magic != 0);
+    pl_close(a);
+    pl_close(b);
+}
+
+struct wait_args {
+    pl_handle h;
+    pl_waiter *w;
+    int64_t timeout_ns;
+    int rc;
+    double elapsed;
+};
+
+static void *waiting_thread(void *arg)
+{
+    struct wait_args *a = arg;
+    double t0 = now_s();
+    a->rc = pl_lock_wait(a->h, 0, a->timeout_ns, a->w);
+    a->elapsed = now_s() - t0;
+    return NULL;
+}
+
+static void test_timed_wait(void)
+{
+    char *p = path_in("t.lock");
+    pl_handle a = open_lock(p), b = open_lock(p);
+    pl_waiter *w = pl_waiter_new();
+    CHECK(pl_try_lock(a, 0) == 0);
+    double t0 = now_s();
+    CHECK(pl_lock_wait(b, 0, 50 * 1000 * 1000, w) == ETIMEDOUT);
+    double took = now_s() - t0;
+    CHECK(took >= 0.045 && took < 2.0);
+    CHECK(pl_lock_wait(b, 0, 0, w) == ETIMEDOUT); /* zero timeout: one try */
+    /* After the timeout the waiter does not hold it: a's release frees it. */
+    pl_unlock(a);
+    CHECK(pl_try_lock(a, 0) == 0);
+    pl_unlock(a);
+    pl_waiter_free(w);
+    pl_close(a);
+    pl_close(b);
+}
+
+static void test_cancel(void)
+{
+    char *p = path_in("c.lock");
+    pl_handle a = open_lock(p), b = open_lock(p);
+    CHECK(pl_try_lock(a, 0) == 0);
+    for (int i = 0; i < 50; i++) {
+        struct wait_args args = {b, pl_waiter_new(), -1, -1, 0};
+        pthread_t t;
+        pthread_create(&t, NULL, waiting_thread, &args);
+        if (i % 2) {
+            struct timespec pause = {0, 1000 * 1000};
+            nanosleep(&pause, NULL); /* half the cancels hit a thread already blocked */
+        }
+        pl_waiter_cancel(args.w);
+        pthread_join(t, NULL);
+        CHECK(args.rc == ECANCELED);
+        pl_waiter_free(args.w);
+    }
+    /* A cancel before the wait starts is not lost. */
+    pl_waiter *w = pl_waiter_new();
+    pl_waiter_cancel(w);
+    CHECK(pl_lock_wait(b, 0, -1, w) == ECANCELED);
+    pl_waiter_free(w);
+    pl_unlock(a);
+    CHECK(pl_try_lock(a, 0) == 0); /* no cancelled waiter kept it */
+    pl_unlock(a);
+    pl_close(a);
+    pl_close(b);
+}
+
+static void test_handoff_to_blocked_waiter(void)
+{
+    char *p = path_in("h.lock");
+    pl_handle a = open_lock(p), b = open_lock(p);
+    CHECK(pl_try_lock(a, 0) == 0);
+    struct wait_args args = {b, pl_waiter_new(), 10LL * 1000 * 1000 * 1000, -1, 0};
+    pthread_t t;
+    pthread_create(&t, NULL, waiting_thread, &args);
+    struct timespec pause = {0, 20 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    pl_unlock(a);
+    pthread_join(t, NULL);
+    CHECK(args.rc == 0);
+    CHECK(args.elapsed < 5.0);
+    CHECK(pl_try_lock(a, 0) == EWOULDBLOCK);
+    pl_unlock(b);
+    pl_waiter_free(args.w);
+    pl_close(a);
+    pl_close(b);
+}
+
+static void test_holder_death(void)
+{
+    char *p = path_in("d.lock");
+    int ready[2];
+    CHECK(pipe(ready) == 0);
+    pid_t child = fork();
+    if (child == 0) {
+        pl_handle h = open_lock(p);
+        pl_try_lock(h, 0);
+        if (write(ready[1], "x", 1) != 1)
+            _exit(2);
+        pause();
+        _exit(0);
+    }
+    char c;
+    CHECK(read(ready[0], &c, 1) == 1);
+    pl_handle b = open_lock(p);
+    CHECK(pl_try_lock(b, 0) == EWOULDBLOCK);
+    kill(child, SIGKILL);
+    pl_waiter *w = pl_waiter_new();
+    CHECK(pl_lock_wait(b, 0, 10LL * 1000 * 1000 * 1000, w) == 0);
+    waitpid(child, NULL, 0);
+    pl_waiter_free(w);
+    pl_unlock(b);
+    pl_close(b);
+    close(ready[0]);
+    close(ready[1]);
+}
+
+int main(void)
+{
+    if (mkdtemp(dir) == NULL) {
+        perror("mkdtemp");
+        return 2;
+    }
+    test_open_errors();
+    test_create_mode();
+    test_exclusion_and_records();
+    test_timed_wait();
+    test_cancel();
+    test_handoff_to_blocked_waiter();
+    test_holder_death();
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}

@@ -32,7 +32,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    run = sub.add_parser("run", help="run a command while holding a lock")
+    run = sub.add_parser(
+        "run",
+        help="run a command while holding a lock",
+        usage="pylock run [options] PATH -- COMMAND [ARGS...]",
+    )
     run.add_argument("path", help="the lock file (created if missing)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     run.add_argument("-s", "--shared", action="store_true", help="take a shared lock")

@@ -31,8 +31,7 @@ class LockTimeout(LockHeld, TimeoutError):
         super().__init__(
             path,
             holder,
-            f"timed out after {timeout:g} s waiting for {path}: "
-            f"held by {describe_holder(holder)}",
+            f"timed out after {timeout:g} s waiting for {path}: held by {describe_holder(holder)}",
         )
 
 

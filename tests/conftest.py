@@ -33,8 +33,14 @@ class HolderProcess:
         import json
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", HOLDER_SCRIPT, os.fspath(path), str(int(shared)),
-             json.dumps(info)],
+            [
+                sys.executable,
+                "-c",
+                HOLDER_SCRIPT,
+                os.fspath(path),
+                str(int(shared)),
+                json.dumps(info),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any
 
 from ._errors import LockError, LockHeld
 from ._exit import wait_exit
@@ -133,7 +133,7 @@ def _wait_exit(args: argparse.Namespace) -> int:
     return 0 if wait_exit(args.pid, timeout=args.timeout) else 1
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.cmd == "run":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._holder import Holder
@@ -17,7 +17,7 @@ class LockError(Exception):
 class LockHeld(LockError):
     """The lock is held by another owner and the caller did not (or no longer) wait."""
 
-    def __init__(self, path: str, holder: Optional[Holder], message: Optional[str] = None):
+    def __init__(self, path: str, holder: Holder | None, message: str | None = None):
         self.path = path
         self.holder = holder
         super().__init__(message or f"{path} is held by {describe_holder(holder)}")
@@ -26,7 +26,7 @@ class LockHeld(LockError):
 class LockTimeout(LockHeld, TimeoutError):
     """The lock stayed held until the timeout passed."""
 
-    def __init__(self, path: str, holder: Optional[Holder], timeout: float):
+    def __init__(self, path: str, holder: Holder | None, timeout: float):
         self.timeout = timeout
         super().__init__(
             path,
@@ -108,7 +108,7 @@ SYMLINK = 10001
 NOT_REGULAR = 10002
 
 
-def describe_holder(holder: Optional[Holder]) -> str:
+def describe_holder(holder: Holder | None) -> str:
     if holder is None:
         return "another process (it released the lock before it could be identified)"
     return holder.describe()

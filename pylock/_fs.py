@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 # statfs f_type values of network and FUSE filesystems (Linux magic.h and
 # the filesystems' own sources).  flock there is emulated with byte-range
 # locks, local to one client, or up to a userspace server: not an exclusion
@@ -33,7 +31,7 @@ NETWORK_MAGIC = {
 NETWORK_NAMES = {"nfs", "smbfs", "afpfs", "webdav", "cifs", "macfuse", "osxfuse", "fusefs"}
 
 
-def network_filesystem(magic: int, remote: int, name: str) -> Optional[str]:
+def network_filesystem(magic: int, remote: int, name: str) -> str | None:
     """A readable name of the network filesystem, or None when it is local."""
     if magic in NETWORK_MAGIC:
         return NETWORK_MAGIC[magic]

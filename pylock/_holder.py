@@ -7,7 +7,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any
 
 from . import _procfs, _record
 from ._native import ffi, lib
@@ -32,8 +32,8 @@ class Holder:
     hostname: str = ""
     program: str = ""
     argv: tuple[str, ...] = ()
-    acquired_at: Optional[_dt.datetime] = None
-    info: Optional[dict[str, Any]] = field(default=None, hash=False, compare=False)
+    acquired_at: _dt.datetime | None = None
+    info: dict[str, Any] | None = field(default=None, hash=False, compare=False)
     verified: bool = False
     shared: bool = False
     note: str = ""
@@ -106,7 +106,7 @@ def _cmdline(pid: int) -> tuple[str, ...]:
 
 
 def _from_kernel(
-    lock: _procfs.FdLock, ident: ProcessIdentity, rec: Optional[dict[str, Any]]
+    lock: _procfs.FdLock, ident: ProcessIdentity, rec: dict[str, Any] | None
 ) -> Holder:
     """A holder seen in fdinfo, with the record's details when it is the same process."""
     if rec is not None and same_process(ident, _record_identity(rec)):
@@ -159,7 +159,7 @@ class _Inspection:
             return b""
         return bytes(ffi.buffer(buf, length[0]))
 
-    def recorded_holder(self) -> tuple[Optional[Holder], str]:
+    def recorded_holder(self) -> tuple[Holder | None, str]:
         """The record's process if it is alive and holds the lock, with a note otherwise."""
         rec = self.record
         if rec is None:
@@ -202,7 +202,7 @@ class _Inspection:
         return True
 
 
-def find_holder(path: str, known_held: bool = False) -> Optional[Holder]:
+def find_holder(path: str, known_held: bool = False) -> Holder | None:
     """The holder of the lock at path, or None when nobody holds it."""
     try:
         look = _Inspection(path)

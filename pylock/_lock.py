@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -11,11 +12,18 @@ import threading
 import time
 import weakref
 from types import TracebackType
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 from . import _fs
-from ._errors import LockError, LockFileError, LockHeld, LockTimeout, NotHeld, ReentrantAcquire
-from ._errors import UnsafeFilesystem
+from ._errors import (
+    LockError,
+    LockFileError,
+    LockHeld,
+    LockTimeout,
+    NotHeld,
+    ReentrantAcquire,
+    UnsafeFilesystem,
+)
 from ._holder import Holder, find_holder
 from ._native import ffi, lib
 from ._process import self_identity
@@ -42,7 +50,7 @@ def _task_owner() -> _Owner:
     return ("task", id(task)) if task is not None else threading.get_ident()
 
 
-def _ns_until(deadline: Optional[float]) -> int:
+def _ns_until(deadline: float | None) -> int:
     if deadline is None:
         return -1
     return max(0, int((deadline - time.monotonic()) * 1e9))
@@ -60,11 +68,11 @@ class Lock:
 
     def __init__(
         self,
-        path: Union[str, os.PathLike[str]],
+        path: str | os.PathLike[str],
         *,
         shared: bool = False,
-        mode: Optional[int] = None,
-        info: Optional[dict[str, Any]] = None,
+        mode: int | None = None,
+        info: dict[str, Any] | None = None,
         allow_network_fs: bool = False,
     ) -> None:
         raw = os.fspath(path)
@@ -81,11 +89,11 @@ class Lock:
         self._handle = -1
         self._key = (0, 0)
         self._writable = True
-        self._template: Optional[RecordTemplate] = None
+        self._template: RecordTemplate | None = None
         self._record_warned = False
         self._stat = ffi.new("pl_file_info *")
         self._guard = threading.Lock()  # one owner per Lock object
-        self._owner: Optional[_Owner] = None
+        self._owner: _Owner | None = None
         self._object_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     def __repr__(self) -> str:
@@ -153,7 +161,7 @@ class Lock:
 
     # -- taking the lock -----------------------------------------------------
 
-    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take the lock, waiting in the kernel for the holder's release or death.
 
         Raises LockHeld when blocking is False and someone holds it,
@@ -169,10 +177,11 @@ class Lock:
                 "not reentrant (release it first, or use one Lock per thread)"
             )
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-        if not self._guard.acquire(False):
-            # Another thread of this process holds this very object.
-            if not blocking or not self._guard.acquire(True, -1 if timeout is None else timeout):
-                self._raise_held(blocking, timeout)
+        # Another thread of this process may hold this very object.
+        if not self._guard.acquire(False) and (
+            not blocking or not self._guard.acquire(True, -1 if timeout is None else timeout)
+        ):
+            self._raise_held(blocking, timeout)
         try:
             self._take(blocking, deadline, timeout, owner)
         except BaseException:
@@ -181,14 +190,14 @@ class Lock:
         return True
 
     def _take(
-        self, blocking: bool, deadline: Optional[float], timeout: Optional[float], owner: _Owner
+        self, blocking: bool, deadline: float | None, timeout: float | None, owner: _Owner
     ) -> None:
         shared = int(self.shared)
         while True:
             handle = self._handle if self._handle >= 0 else self._open()
             rc = lib.pl_try_lock(handle, shared)
             if rc == errno.EWOULDBLOCK:
-                if not blocking or deadline is not None and deadline <= time.monotonic():
+                if not blocking or (deadline is not None and deadline <= time.monotonic()):
                     self._raise_held(blocking, timeout)
                 self._refuse_self_deadlock(owner)
                 self._wait(handle, shared, deadline, timeout)
@@ -202,7 +211,7 @@ class Lock:
             self._write_record(handle)
 
     def _wait(
-        self, handle: int, shared: int, deadline: Optional[float], timeout: Optional[float]
+        self, handle: int, shared: int, deadline: float | None, timeout: float | None
     ) -> None:
         waiter = lib.pl_waiter_new()
         if waiter == ffi.NULL:
@@ -243,7 +252,7 @@ class Lock:
                 "deadlock (pylock locks are not reentrant)"
             )
 
-    def _raise_held(self, blocking: bool, timeout: Optional[float]) -> None:
+    def _raise_held(self, blocking: bool, timeout: float | None) -> None:
         holder = find_holder(self.path, known_held=True)
         if blocking:
             raise LockTimeout(self.path, holder, timeout or 0.0)
@@ -265,7 +274,7 @@ class Lock:
 
     # -- asyncio ---------------------------------------------------------------
 
-    async def acquire_async(self, timeout: Optional[float] = None) -> bool:
+    async def acquire_async(self, timeout: float | None = None) -> bool:
         """Take the lock from a coroutine without blocking the event loop.
 
         While the lock is held elsewhere, one thread waits in the kernel and
@@ -305,7 +314,7 @@ class Lock:
             raise
         return True
 
-    async def _wait_for_object(self, deadline: Optional[float], timeout: Optional[float]) -> None:
+    async def _wait_for_object(self, deadline: float | None, timeout: float | None) -> None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         entry = (loop, future)
@@ -322,13 +331,11 @@ class Lock:
     def _wake_object_waiter(self) -> None:
         if self._object_waiters:
             loop, future = self._object_waiters.pop(0)
-            try:
+            with contextlib.suppress(RuntimeError):  # that loop is closed
                 loop.call_soon_threadsafe(_set_result, future)
-            except RuntimeError:  # that loop is closed
-                pass
 
     async def _wait_async(
-        self, handle: int, shared: int, deadline: Optional[float], timeout: Optional[float]
+        self, handle: int, shared: int, deadline: float | None, timeout: float | None
     ) -> None:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
@@ -342,10 +349,8 @@ class Lock:
             while rc == errno.EINTR:
                 rc = lib.pl_lock_wait(handle, shared, _ns_until(deadline), waiter)
             outcome[0] = rc
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop closed; nobody waits
                 loop.call_soon_threadsafe(_set_result, done, rc)
-            except RuntimeError:  # the loop closed under us; nobody waits
-                pass
 
         thread = threading.Thread(target=wait_in_kernel, name=f"pylock wait {self.path}")
         thread.daemon = True
@@ -408,7 +413,7 @@ class Lock:
 
     # -- diagnostics ------------------------------------------------------
 
-    def holder(self) -> Optional[Holder]:
+    def holder(self) -> Holder | None:
         """The process holding this lock now (maybe this one), or None when free."""
         return find_holder(self.path)
 
@@ -420,9 +425,9 @@ class Lock:
 
     def __exit__(
         self,
-        exc_type: Optional[type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.release()
 
@@ -432,9 +437,9 @@ class Lock:
 
     async def __aexit__(
         self,
-        exc_type: Optional[type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.release()
 

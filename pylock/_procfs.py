@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 PROC = "/proc"
 
@@ -26,7 +26,7 @@ def _lock_key(dev: int, ino: int) -> str:
     return f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino} "
 
 
-def _fd_locks(pid: int, fd_name: str, key: str) -> Optional[bool]:
+def _fd_locks(pid: int, fd_name: str, key: str) -> bool | None:
     """True/False (shared or not) when this descriptor holds a flock on key."""
     try:
         with open(f"{PROC}/{pid}/fdinfo/{fd_name}", "rb") as f:
@@ -41,7 +41,7 @@ def _fd_locks(pid: int, fd_name: str, key: str) -> Optional[bool]:
     return None
 
 
-def pid_holds(pid: int, dev: int, ino: int) -> Optional[bool]:
+def pid_holds(pid: int, dev: int, ino: int) -> bool | None:
     """Whether pid has a descriptor that owns a flock on (dev, ino).
 
     True or False when the kernel showed us; None when we may not look
@@ -73,7 +73,7 @@ def holders_of(dev: int, ino: int) -> Iterator[FdLock]:
                 yield FdLock(pid, int(fd), shared)
 
 
-def listed_in_proc_locks(dev: int, ino: int) -> Optional[bool]:
+def listed_in_proc_locks(dev: int, ino: int) -> bool | None:
     """Whether /proc/locks lists a flock on (dev, ino); None if unreadable."""
     key = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino} ".encode()
     try:

@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 import zlib
-from typing import Any, Optional
+from typing import Any
 
 MAGIC = b"pylock-record v1 "
 # Reads are bounded: a 10 MiB file at the lock path costs 64 KiB at most.
@@ -33,7 +33,7 @@ class RecordTemplate:
 
     __slots__ = ("_head", "_tail")
 
-    def __init__(self, identity: Any, info: Optional[dict[str, Any]]) -> None:
+    def __init__(self, identity: Any, info: dict[str, Any] | None) -> None:
         argv = program_argv()
         fields: dict[str, Any] = {
             "pid": identity.pid,
@@ -54,14 +54,14 @@ class RecordTemplate:
         self._head = (body[:-1] + ',"acquired_at":').encode()
         self._tail = b"}"
 
-    def render(self, now: Optional[float] = None) -> bytes:
+    def render(self, now: float | None = None) -> bytes:
         stamp = b"%.6f" % (time.time() if now is None else now)
         payload = self._head + stamp + self._tail
         header = b"%s%d %08x\n" % (MAGIC, len(payload), zlib.crc32(payload))
         return header + payload
 
 
-def parse(raw: bytes) -> Optional[dict[str, Any]]:
+def parse(raw: bytes) -> dict[str, Any] | None:
     """The record in raw, or None when there is no complete, intact one."""
     if not raw.startswith(MAGIC):
         return None

@@ -25,13 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#if __has_include("pl_wait_internal.h")
 #include "pl_wait_internal.h"
-#else
-/* The interruptible-wait internals of lock_posix.c. */
-int pl__wait_begin(pl_waiter *w, int64_t timeout_ns);
-int pl__wait_end(pl_waiter *w, int rc_from_syscall, int saved_errno);
-#endif
 
 /* Debian 12 (glibc 2.36, linux 6.1 headers) lacks several of these. */
 #ifndef SYS_pidfd_open

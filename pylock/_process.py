@@ -1,0 +1,255 @@
+"""Process identity: which process a pid names, and whether it still runs.
+
+A pid alone is a number the kernel recycles.  An identity adds what tells
+two processes with the same pid apart: the start time, the boot, and on
+Linux 6.9+ the pidfs inode, which is unique for the whole boot.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ._native import ffi, lib
+
+_LINUX = sys.platform.startswith("linux")
+
+# pidfd_open and friends refused by the kernel or a seccomp policy: the
+# pinning mechanism does not exist here, the fallback takes over.
+UNAVAILABLE = frozenset({errno.ENOSYS, errno.EPERM, errno.EACCES})
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """One process: pid plus what tells it apart from a later owner of the pid.
+
+    start_time is in the platform's unit (Linux: clock ticks since boot);
+    pidfs_ino is 0 where the kernel has no pidfs.
+    """
+
+    pid: int
+    start_time: int
+    boot_id: str
+    pidfs_ino: int = 0
+
+
+def same_process(a: ProcessIdentity, b: ProcessIdentity) -> bool:
+    """Whether two identities name the same process.
+
+    The pidfs inode is exact when both have one; otherwise pid, start time
+    and boot make a collision very unlikely (the start time has a 10 ms
+    granularity on Linux).  An empty boot_id (an old record) matches any.
+    """
+    if a.pid != b.pid:
+        return False
+    if a.boot_id and b.boot_id and a.boot_id != b.boot_id:
+        return False
+    if a.pidfs_ino and b.pidfs_ino:
+        return a.pidfs_ino == b.pidfs_ino
+    return a.start_time == b.start_time
+
+
+def _pid_max() -> int:
+    if _LINUX:
+        try:
+            with open("/proc/sys/kernel/pid_max", "rb") as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            pass
+    return 2**31 - 1
+
+
+def check_pid(pid: Any) -> int:
+    """pid as an int, or ValueError naming why it cannot be a process id."""
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise TypeError(f"a process id must be an int, not {type(pid).__name__}")
+    if pid <= 0:
+        raise ValueError(f"{pid} is not a process id: process ids are positive")
+    limit = _pid_max()
+    if pid > limit:
+        raise ValueError(f"{pid} is not a process id: this system's pid_max is {limit}")
+    return pid
+
+
+def _identity(raw: Any) -> ProcessIdentity:
+    return ProcessIdentity(
+        pid=int(raw.pid),
+        start_time=int(raw.start_time),
+        boot_id=ffi.string(raw.boot_id).decode("ascii", "replace"),
+        pidfs_ino=int(raw.pidfs_ino),
+    )
+
+
+def identity_of(pid: int) -> ProcessIdentity | None:
+    """The identity of the live process with this pid now, or None.
+
+    None also for a zombie (it has exited) and for a pid that cannot exist.
+    Alone this is racy; pinning (pin_process) makes it exact.
+    """
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0 or pid >= 2**31:
+        return None
+    out = ffi.new("pl_identity *")
+    rc = lib.pl_identity_of(pid, out)
+    if rc == 0:
+        return _identity(out)
+    if rc in (errno.ESRCH, errno.EINVAL):
+        return None
+    raise OSError(rc, f"cannot read the identity of pid {pid}: {os.strerror(rc)}")
+
+
+_self_lock = threading.Lock()
+_self: ProcessIdentity | None = None
+
+
+def self_identity() -> ProcessIdentity:
+    """The calling process's identity (cached; a forked child gets its own)."""
+    global _self
+    with _self_lock:
+        if _self is None or _self.pid != os.getpid():
+            me = identity_of(os.getpid())
+            if me is None:
+                raise OSError(errno.ESRCH, "cannot read this process's own identity")
+            _self = me
+        return _self
+
+
+def _forget_self() -> None:
+    global _self, _self_lock
+    _self = None
+    _self_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_self)
+
+
+class Pinned:
+    """A process handle that keeps the pid from being recycled while open."""
+
+    __slots__ = ("handle", "pid")
+
+    def __init__(self, pid: int, handle: int) -> None:
+        self.pid = pid
+        self.handle = handle
+
+    def identity(self) -> ProcessIdentity | None:
+        """Identity of the pinned process; None once it has been reaped."""
+        out = ffi.new("pl_identity *")
+        rc = lib.pl_proc_identity(self.handle, self.pid, out)
+        if rc == 0:
+            return _identity(out)
+        if rc == errno.ESRCH:
+            return None
+        raise OSError(rc, f"cannot read the identity of pid {self.pid}: {os.strerror(rc)}")
+
+    def exited(self) -> bool:
+        out = ffi.new("int *")
+        rc = lib.pl_proc_poll(self.handle, out)
+        if rc:
+            raise OSError(rc, f"cannot poll pid {self.pid}: {os.strerror(rc)}")
+        return bool(out[0])
+
+    def returncode(self) -> int | None:
+        """Exit code (or -signal) of the exited process, None when the kernel cannot tell."""
+        out = ffi.new("int *")
+        rc = lib.pl_proc_returncode(self.handle, self.pid, out)
+        return int(out[0]) if rc == 0 else None
+
+    def event_fd(self) -> int | None:
+        """A descriptor that becomes readable at exit, or None (Windows)."""
+        out = ffi.new("int64_t *")
+        rc = lib.pl_proc_event_fd(self.handle, out)
+        return int(out[0]) if rc == 0 else None
+
+    def close(self) -> None:
+        if self.handle >= 0:
+            handle, self.handle = self.handle, -1
+            lib.pl_proc_close(handle)
+
+
+class PinUnavailable(Exception):
+    """Pinning does not exist here (old kernel, seccomp): use the fallback."""
+
+
+_pin_works: bool | None = None
+
+
+def pinning_available() -> bool:
+    """Whether this process can pin processes (probed once on itself, then cached)."""
+    global _pin_works
+    if _pin_works is None:
+        out = ffi.new("pl_handle *")
+        rc = lib.pl_proc_open(os.getpid(), out)
+        if rc == 0:
+            lib.pl_proc_close(out[0])
+            _pin_works = True
+        elif rc in UNAVAILABLE:
+            _pin_works = False
+        else:
+            raise OSError(rc, f"cannot probe process pinning: {os.strerror(rc)}")
+    return _pin_works
+
+
+def pin(pid: int, expected: ProcessIdentity | None = None) -> Pinned | None:
+    """Pin pid, then verify it is the expected process.
+
+    Returns None when there is no such process, or when the pid now belongs
+    to another process than expected (the expected one has exited).  Pinning
+    first and verifying after is what makes this exact: a pid recycled in
+    between cannot pass the check.  Raises PinUnavailable where pinning is
+    refused here.
+    """
+    out = ffi.new("pl_handle *")
+    rc = lib.pl_proc_open(pid, out)
+    if rc == errno.ESRCH:
+        return None
+    if rc in UNAVAILABLE:
+        raise PinUnavailable(rc)
+    if rc == errno.EMFILE or rc == errno.ENFILE:
+        raise OSError(
+            rc,
+            f"cannot watch pid {pid}: {os.strerror(rc)}; each watched process holds "
+            "one descriptor, raise RLIMIT_NOFILE (ulimit -n, resource.setrlimit)",
+        )
+    if rc:
+        raise OSError(rc, f"cannot watch pid {pid}: {os.strerror(rc)}")
+    pinned = Pinned(pid, int(out[0]))
+    if expected is not None:
+        try:
+            now = pinned.identity()
+        except BaseException:
+            pinned.close()
+            raise
+        if now is None or not same_process(now, expected):
+            pinned.close()
+            return None
+    return pinned
+
+
+def is_alive(identity: ProcessIdentity) -> bool:
+    """Whether this very process still runs (a zombie does not), from kernel facts.
+
+    A different boot_id means another boot (or machine): not alive here.
+    """
+    if identity.pid <= 0 or identity.pid >= 2**31:
+        return False
+    if identity.boot_id and identity.boot_id != self_identity().boot_id:
+        return False
+    if pinning_available():
+        try:
+            pinned = pin(identity.pid, identity)
+        except PinUnavailable:
+            pinned = None
+        else:
+            if pinned is None:
+                return False
+            try:
+                return not pinned.exited()
+            finally:
+                pinned.close()
+    now = identity_of(identity.pid)
+    return now is not None and same_process(now, identity)

@@ -214,14 +214,23 @@ int pl_proc_open(int64_t pid, pl_handle *out)
         EV_SET(&ev, (uintptr_t)pid, EVFILT_PROC, EV_ADD | EV_ENABLE, NOTE_EXIT, 0, NULL);
         rc = kq_change(kq, &ev);
     }
-    if (rc == ESRCH && pid > PL_DARWIN_PID_MAX)
+    if (rc == ESRCH && pid > PL_DARWIN_PID_MAX) {
         rc = EINVAL;
-    if (rc != 0)
         goto fail;
-    /* The kernel refuses registration on a zombie with ESRCH; should one
-     * ever be accepted, its NOTE_EXIT is in the past and would never come,
-     * so record the exit now. */
-    if (kinfo_of(pid, &kp) == 0 && kp.kp_proc.p_stat == SZOMB) {
+    }
+    if (rc == ESRCH) {
+        /* The kernel refuses EVFILT_PROC on a zombie.  A zombie has exited
+         * but is still there (its parent may read its status): like a pidfd
+         * on Linux, the handle then opens already marked as exited. */
+        if (kinfo_of(pid, &kp) != 0 || kp.kp_proc.p_stat != SZOMB)
+            goto fail;
+        if ((rc = mark_exited(kq, MARK_EXITED)) != 0)
+            goto fail;
+    } else if (rc != 0) {
+        goto fail;
+    } else if (kinfo_of(pid, &kp) == 0 && kp.kp_proc.p_stat == SZOMB) {
+        /* Should a kernel ever accept the registration on a zombie, its
+         * NOTE_EXIT is in the past and would never come: record it now. */
         int exited;
         if ((rc = poll_mark(kq, &exited, NULL)) != 0)
             goto fail;

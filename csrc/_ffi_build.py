@@ -18,11 +18,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HEADERS = ["pylock.h", "pylock_proc.h"]
 # Each platform compiles its own files (each is also wrapped in its #if).
 if sys.platform == "win32":
-    SOURCES = ["win_lock.c", "win_proc.c"]
+    SOURCES = ["claim.c", "win_lock.c", "win_proc.c"]
 elif sys.platform == "darwin":
-    SOURCES = ["lock_posix.c", "proc_macos.c"]
+    SOURCES = ["claim.c", "lock_posix.c", "proc_macos.c"]
 else:
-    SOURCES = ["lock_posix.c", "proc_linux.c"]
+    SOURCES = ["claim.c", "lock_posix.c", "proc_linux.c"]
 
 
 def _cdef_of(header: str) -> str:
@@ -36,7 +36,13 @@ def _cdef_of(header: str) -> str:
 
 def _constants() -> str:
     # Values come from the C headers at compile time (API mode).
-    names = ["PL_E_SYMLINK", "PL_E_NOTREG", "PL_OPEN_CREATE", "PL_OPEN_READONLY"]
+    names = [
+        "PL_E_SYMLINK",
+        "PL_E_NOTREG",
+        "PL_E_UNLINKED",
+        "PL_OPEN_CREATE",
+        "PL_OPEN_READONLY",
+    ]
     return "".join(f"#define {name} ...\n" for name in names)
 
 

@@ -34,10 +34,9 @@ log = logging.getLogger("pylock")
 
 _Owner = Union[int, tuple[str, int]]
 
-# Who in this process holds which file, to refuse a wait that could only
-# deadlock: the same thread (or task) asking again through another Lock.
-_held: dict[tuple[int, int], list[_Owner]] = {}
-# Every Lock with an open descriptor, so a forked child can drop them.
+# Every Lock with an open descriptor: a forked child drops them, and a wait
+# that could only deadlock (this owner holds the file through another Lock)
+# is refused by looking here.
 _open_locks: weakref.WeakSet[Lock] = weakref.WeakSet()
 
 
@@ -89,9 +88,11 @@ class Lock:
         self._handle = -1
         self._key = (0, 0)
         self._writable = True
-        self._template: RecordTemplate | None = None
+        # Passed to the C core as one pointer on every acquisition.
+        self._lf = ffi.new("pl_lockfile *")
+        self._lf.shared = shared
+        self._head: Any = None  # keeps the C copy of the record's head alive
         self._record_warned = False
-        self._stat = ffi.new("pl_file_info *")
         self._guard = threading.Lock()  # one owner per Lock object
         self._owner: _Owner | None = None
         self._object_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -122,13 +123,21 @@ class Lock:
             except LockFileError:
                 raise exc from None
             self._writable = False
+        lf = self._lf
         try:
             self._check_filesystem(handle)
-            check(lib.pl_file_stat(handle, self._stat), self.path)
+            check(lib.pl_file_stat(handle, ffi.addressof(lf, "st")), self.path)
         except BaseException:
             lib.pl_close(handle)
             raise
-        self._key = (self._stat.dev, self._stat.ino)
+        self._key = (lf.st.dev, lf.st.ino)
+        if self.shared or not self._writable:
+            lf.head_len = 0  # shared holders would overwrite each other's record
+        else:
+            template = RecordTemplate(self_identity(), self._info)
+            self._head = ffi.new("char[]", template.head)
+            lf.head, lf.head_len, lf.head_crc = self._head, len(template.head), template.head_crc
+        lf.handle = handle
         self._handle = handle
         _open_locks.add(self)
         return handle
@@ -183,42 +192,41 @@ class Lock:
         ):
             self._raise_held(blocking, timeout)
         try:
-            self._take(blocking, deadline, timeout, owner)
+            handle = self._handle if self._handle >= 0 else self._open()
+            rc = lib.pl_acquire(self._lf)
+            while rc:
+                if rc == errno.EWOULDBLOCK:
+                    if not blocking or (deadline is not None and deadline <= time.monotonic()):
+                        self._raise_held(blocking, timeout)
+                    self._refuse_self_deadlock(owner)
+                    self._wait(handle, deadline, timeout)
+                    rc = lib.pl_claim(self._lf)
+                else:
+                    handle, rc = self._retry_after(rc)
+            if self._lf.record_error:
+                self._warn_record_failed()
         except BaseException:
             self._guard.release()
             raise
+        self._owner = owner
         return True
 
-    def _take(
-        self, blocking: bool, deadline: float | None, timeout: float | None, owner: _Owner
-    ) -> None:
-        shared = int(self.shared)
-        while True:
-            handle = self._handle if self._handle >= 0 else self._open()
-            rc = lib.pl_try_lock(handle, shared)
-            if rc == errno.EWOULDBLOCK:
-                if not blocking or (deadline is not None and deadline <= time.monotonic()):
-                    self._raise_held(blocking, timeout)
-                self._refuse_self_deadlock(owner)
-                self._wait(handle, shared, deadline, timeout)
-            elif rc:
-                fail(rc, self.path)
-            if self._still_linked(handle):
-                break
-        self._owner = owner
-        _held.setdefault(self._key, []).append(owner)
-        if not shared and self._writable:
-            self._write_record(handle)
+    def _retry_after(self, rc: int) -> tuple[int, int]:
+        """The lock file was unlinked under us (the lock is already released):
+        start again on the file now at the path.  Any other code is an error."""
+        if rc != lib.PL_E_UNLINKED:
+            fail(rc, self.path)
+        self._close_handle()
+        handle = self._open()
+        return handle, lib.pl_acquire(self._lf)
 
-    def _wait(
-        self, handle: int, shared: int, deadline: float | None, timeout: float | None
-    ) -> None:
+    def _wait(self, handle: int, deadline: float | None, timeout: float | None) -> None:
         waiter = lib.pl_waiter_new()
         if waiter == ffi.NULL:
             raise MemoryError
         try:
             while True:
-                rc = lib.pl_lock_wait(handle, shared, _ns_until(deadline), waiter)
+                rc = lib.pl_lock_wait(handle, self.shared, _ns_until(deadline), waiter)
                 if rc == 0:
                     return
                 if rc == errno.ETIMEDOUT:
@@ -230,22 +238,11 @@ class Lock:
         finally:
             lib.pl_waiter_free(waiter)
 
-    def _still_linked(self, handle: int) -> bool:
-        """After locking: is this still the file at path?
-
-        release(unlink=True) unlinks while holding, so a waiter that gets
-        the lock of an unlinked file must start again on the new file;
-        otherwise two waiters could hold "the" lock on two inodes.
-        """
-        check(lib.pl_file_stat(handle, self._stat), self.path)
-        if self._stat.nlink > 0:
-            return True
-        lib.pl_unlock(handle)
-        self._close_handle()
-        return False
-
     def _refuse_self_deadlock(self, owner: _Owner) -> None:
-        if owner in _held.get(self._key, ()):
+        if any(
+            other is not self and other._key == self._key and other._owner == owner
+            for other in list(_open_locks)
+        ):
             raise ReentrantAcquire(
                 f"{self.path}: this {'task' if isinstance(owner, tuple) else 'thread'} "
                 "already holds this lock through another Lock object; waiting would "
@@ -258,18 +255,14 @@ class Lock:
             raise LockTimeout(self.path, holder, timeout or 0.0)
         raise LockHeld(self.path, holder)
 
-    def _write_record(self, handle: int) -> None:
-        if self._template is None:
-            self._template = RecordTemplate(self_identity(), self._info)
-        data = self._template.render()
-        rc = lib.pl_write_record(handle, data, len(data))
-        if rc and not self._record_warned:
+    def _warn_record_failed(self) -> None:
+        if not self._record_warned:
             self._record_warned = True
             log.warning(
                 "pylock: holding %s, but its holder record could not be written (%s); "
                 "the lock is held and safe, only diagnostics will not name this process",
                 self.path,
-                os.strerror(rc),
+                os.strerror(self._lf.record_error),
             )
 
     # -- asyncio ---------------------------------------------------------------
@@ -291,23 +284,20 @@ class Lock:
         while not self._guard.acquire(False):
             await self._wait_for_object(deadline, timeout)
         try:
-            shared = int(self.shared)
-            while True:
-                handle = self._handle if self._handle >= 0 else self._open()
-                rc = lib.pl_try_lock(handle, shared)
+            handle = self._handle if self._handle >= 0 else self._open()
+            rc = lib.pl_acquire(self._lf)
+            while rc:
                 if rc == errno.EWOULDBLOCK:
                     if deadline is not None and deadline <= time.monotonic():
                         self._raise_held(True, timeout)
                     self._refuse_self_deadlock(owner)
-                    await self._wait_async(handle, shared, deadline, timeout)
-                elif rc:
-                    fail(rc, self.path)
-                if self._still_linked(handle):
-                    break
+                    await self._wait_async(handle, deadline, timeout)
+                    rc = lib.pl_claim(self._lf)
+                else:
+                    handle, rc = self._retry_after(rc)
+            if self._lf.record_error:
+                self._warn_record_failed()
             self._owner = owner
-            _held.setdefault(self._key, []).append(owner)
-            if not shared and self._writable:
-                self._write_record(handle)
         except BaseException:
             self._guard.release()
             self._wake_object_waiter()
@@ -334,15 +324,14 @@ class Lock:
             with contextlib.suppress(RuntimeError):  # that loop is closed
                 loop.call_soon_threadsafe(_set_result, future)
 
-    async def _wait_async(
-        self, handle: int, shared: int, deadline: float | None, timeout: float | None
-    ) -> None:
+    async def _wait_async(self, handle: int, deadline: float | None, timeout: float | None) -> None:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
         waiter = lib.pl_waiter_new()
         if waiter == ffi.NULL:
             raise MemoryError
         outcome = [errno.ECANCELED]
+        shared = self.shared
 
         def wait_in_kernel() -> None:
             rc = errno.EINTR
@@ -380,8 +369,7 @@ class Lock:
         still held, and every acquirer re-checks after locking that its file
         is still linked, so waiters are never split across two inodes.
         """
-        owner = self._owner
-        if owner is None:
+        if self._owner is None:
             raise NotHeld(f"{self.path}: release() of a lock this Lock object does not hold")
         if unlink:
             if self.shared:
@@ -391,11 +379,6 @@ class Lock:
                 )
             self._unlink_while_holding()
         lib.pl_unlock(self._handle)
-        owners = _held.get(self._key)
-        if owners is not None:
-            owners.remove(owner)
-            if not owners:
-                del _held[self._key]
         self._owner = None
         if unlink:
             self._close_handle()
@@ -458,11 +441,9 @@ def _after_fork_in_child() -> None:
             lib.pl_close(lock._handle)
         lock._handle = -1
         lock._owner = None
-        lock._template = None
         lock._guard = threading.Lock()
         lock._object_waiters = []
     _open_locks.clear()
-    _held.clear()
 
 
 if hasattr(os, "register_at_fork"):

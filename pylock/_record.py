@@ -29,9 +29,13 @@ def program_argv() -> list[str]:
 
 
 class RecordTemplate:
-    """Everything of a record but the moment of acquisition, serialised once."""
+    """Everything of a record but the moment of acquisition, serialised once.
 
-    __slots__ = ("_head", "_tail")
+    The C core appends the time and "}" and writes header + payload in the
+    same call that takes the lock, so acquiring costs no Python formatting.
+    """
+
+    __slots__ = ("head", "head_crc")
 
     def __init__(self, identity: Any, info: dict[str, Any] | None) -> None:
         argv = program_argv()
@@ -50,15 +54,19 @@ class RecordTemplate:
                 raise ValueError(f"info is {len(encoded_info)} bytes as JSON; at most {MAX_INFO}")
             fields["info"] = info
         body = json.dumps(fields, separators=(",", ":"))
-        # The timestamp is spliced in as the last field, fixed width.
-        self._head = (body[:-1] + ',"acquired_at":').encode()
-        self._tail = b"}"
+        # The timestamp is the last field; the C core writes it and the "}".
+        self.head = (body[:-1] + ',"acquired_at":').encode()
+        self.head_crc = zlib.crc32(self.head)
 
     def render(self, now: float | None = None) -> bytes:
-        stamp = b"%.6f" % (time.time() if now is None else now)
-        payload = self._head + stamp + self._tail
-        header = b"%s%d %08x\n" % (MAGIC, len(payload), zlib.crc32(payload))
-        return header + payload
+        """The record as the C core writes it (for tools and tests)."""
+        stamp = b"%.6f}" % (time.time() if now is None else now)
+        return encode(self.head + stamp)
+
+
+def encode(payload: bytes) -> bytes:
+    """A record around payload (JSON bytes): header with length and checksum."""
+    return b"%s%d %08x\n" % (MAGIC, len(payload), zlib.crc32(payload)) + payload
 
 
 def parse(raw: bytes) -> dict[str, Any] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import os
 import socket
 import sys
@@ -202,11 +203,20 @@ class _Inspection:
         return True
 
 
+def _inspect(path: str) -> _Inspection | None:
+    """A look at the lock file, or None when there is no file (nobody holds it)."""
+    try:
+        return _Inspection(path)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
+
+
 def find_holder(path: str, known_held: bool = False) -> Holder | None:
     """The holder of the lock at path, or None when nobody holds it."""
-    try:
-        look = _Inspection(path)
-    except FileNotFoundError:
+    look = _inspect(path)
+    if look is None:
         return None
     try:
         holder, note = look.recorded_holder()
@@ -232,9 +242,8 @@ def holders(path: str) -> list[Holder]:
     inherited descriptor); elsewhere it is the verified-or-recorded holder.
     """
     path = os.path.abspath(os.fspath(path))
-    try:
-        look = _Inspection(path)
-    except FileNotFoundError:
+    look = _inspect(path)
+    if look is None:
         return []
     try:
         if _LINUX:

@@ -65,6 +65,8 @@ class Lock:
     reentrant; two Lock objects exclude each other in one process as in two.
     """
 
+    _handle = -1  # also for __del__ of an object whose __init__ refused its arguments
+
     def __init__(
         self,
         path: str | os.PathLike[str],

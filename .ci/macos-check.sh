@@ -8,6 +8,12 @@
 set -euo pipefail
 
 PY=${PY:-python}
+# An absolute path (a venv's bin/python is kept as is, not resolved: the
+# symlink is what makes it the venv's).
+case "$PY" in
+    */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;;
+    *) PY=$(command -v "$PY") ;;
+esac
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 

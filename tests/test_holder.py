@@ -1,0 +1,403 @@
+"""holder() and holders(): the kernel decides who holds a lock, the record only
+explains.  A forged record naming another live process, or a record naming a
+dead one, is never reported as the holder."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import pylock
+from pylock import _record
+from pylock._process import ProcessIdentity, identity_of, self_identity
+
+# -- helpers ---------------------------------------------------------------
+
+# A holder that is not pylock: a bare flock, optionally forking a child that
+# inherits the descriptor (so both processes hold the same lock).  Each line
+# is one write(2): the two processes' lines must not interleave.
+RAW_HOLDER = textwrap.dedent(
+    """
+    import fcntl, os, sys
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_SH if sys.argv[2] == "sh" else fcntl.LOCK_EX)
+    if sys.argv[3] == "fork" and os.fork() == 0:
+        os.write(1, b"child %d\\n" % os.getpid())
+        sys.stdin.read()
+        os._exit(0)
+    os.write(1, b"parent %d\\n" % os.getpid())
+    sys.stdin.read()
+    """
+)
+
+
+class RawHolder:
+    def __init__(self, path: str, kind: str = "ex", fork: bool = False) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", RAW_HOLDER, path, kind, "fork" if fork else "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.pids: dict[str, int] = {}
+        for _ in range(2 if fork else 1):
+            role, pid = self.proc.stdout.readline().split()
+            self.pids[role] = int(pid)
+        self.pid = self.proc.pid
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()  # ends a forked child too
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def raw_holder() -> Iterator[Any]:
+    started: list[RawHolder] = []
+
+    def start(path: str, kind: str = "ex", fork: bool = False) -> RawHolder:
+        started.append(RawHolder(path, kind, fork))
+        return started[-1]
+
+    yield start
+    for holder in started:
+        holder.close()
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "1000"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def forge(path: str, ident: ProcessIdentity, **fields: Any) -> bytes:
+    """Write a record in pylock's v1 format naming ident, as another program could."""
+    body = {
+        "pid": ident.pid,
+        "start_time": ident.start_time,
+        "boot_id": ident.boot_id,
+        "pidfs_ino": ident.pidfs_ino,
+        "host": socket.gethostname(),
+        "program": "impostor",
+        "argv": ["impostor", "--forged"],
+        "acquired_at": time.time(),
+        **fields,
+    }
+    payload = json.dumps(body).encode()
+    data = b"pylock-record v1 %d %08x\n" % (len(payload), zlib.crc32(payload)) + payload
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, data, 0)
+    finally:
+        os.close(fd)
+    # The forgery is a well-formed record: pylock would believe it, were it not
+    # for the kernel.
+    parsed = _record.parse(data)
+    assert parsed is not None and parsed["pid"] == ident.pid
+    return data
+
+
+def proc_stat_start_time(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])  # field 22
+
+
+def boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
+def cmdline(pid: int) -> tuple[str, ...]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return tuple(a.decode() for a in f.read().split(b"\0") if a)
+
+
+def proc_locks_pids(path: str) -> list[int]:
+    st = os.stat(path)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+    with open("/proc/locks") as f:
+        return [int(line.split()[4]) for line in f if key in line and " -> " not in line]
+
+
+# -- a live holder -----------------------------------------------------------------
+
+
+def test_holder_fields_of_a_live_holder(lock_path: str, spawn_holder) -> None:
+    before = dt.datetime.now(dt.timezone.utc)
+    holder = spawn_holder(lock_path, info={"port": 8080, "proto": 3})
+    after = dt.datetime.now(dt.timezone.utc)
+    found = pylock.Lock(lock_path).holder()
+    assert isinstance(found, pylock.Holder)
+    assert found.pid == holder.pid
+    assert found.verified is True
+    assert found.shared is False
+    assert found.start_time == proc_stat_start_time(holder.pid)
+    assert found.boot_id == boot_id()
+    if self_identity().pidfs_ino:
+        pidfd = os.pidfd_open(holder.pid)
+        try:
+            assert found.pidfs_ino == os.fstat(pidfd).st_ino
+        finally:
+            os.close(pidfd)
+    assert found.hostname == socket.gethostname()
+    assert found.program == os.path.basename(sys.executable)
+    assert tuple(found.argv) == cmdline(holder.pid)
+    assert found.acquired_at is not None and found.acquired_at.tzinfo is not None
+    assert found.acquired_at.utcoffset() == dt.timedelta(0)
+    assert before - dt.timedelta(seconds=1) <= found.acquired_at <= after
+    assert found.info == {"port": 8080, "proto": 3}
+    assert found.alive()
+    assert pylock.holders(lock_path) == [found]
+
+    holder.kill()
+    assert not found.alive()
+    assert pylock.Lock(lock_path).holder() is None
+    assert pylock.holders(lock_path) == []
+
+
+def test_holder_is_none_when_free_or_missing(lock_path: str, tmp_path) -> None:
+    assert pylock.Lock(lock_path).holder() is None  # no file at all
+    assert pylock.holders(lock_path) == []
+    lock = pylock.Lock(lock_path)
+    lock.acquire()
+    lock.release()
+    assert lock.holder() is None  # the old record names us, but we hold nothing
+    assert pylock.holders(lock_path) == []
+    assert pylock.Lock(tmp_path / "nowhere" / "x").holder() is None
+
+
+def test_holder_is_this_process_while_it_holds(lock_path: str) -> None:
+    with pylock.Lock(lock_path, info={"me": True}) as lock:
+        found = lock.holder()
+        assert found is not None
+        assert found.pid == os.getpid() and found.verified and found.info == {"me": True}
+        assert found.identity == self_identity()
+        assert pylock.holders(lock_path) == [found]
+
+
+# -- records that lie ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("who", ["sleep process", "parent process", "this process"])
+def test_forged_record_naming_another_live_process_is_not_the_holder(
+    lock_path: str, sleeper: subprocess.Popen[bytes], raw_holder, who: str
+) -> None:
+    pids = {"sleep process": sleeper.pid, "parent process": os.getppid()}
+    pid = pids.get(who, os.getpid())
+    ident = identity_of(pid)
+    assert ident is not None
+    forge(lock_path, ident)
+
+    # Free: the record's process is alive but holds nothing.
+    assert pylock.Lock(lock_path).holder() is None
+    assert pylock.holders(lock_path) == []
+
+    # Held by someone else: the kernel's holder is named, never the forgery.
+    real = raw_holder(lock_path)
+    found = pylock.Lock(lock_path).holder()
+    assert found is not None
+    assert found.pid == real.pid != pid
+    assert found.verified
+    assert found.program != "impostor" and "--forged" not in found.argv
+    assert [h.pid for h in pylock.holders(lock_path)] == [real.pid]
+    with pytest.raises(pylock.LockHeld) as info:
+        pylock.Lock(lock_path).acquire(blocking=False)
+    assert info.value.holder is not None and info.value.holder.pid == real.pid
+    assert f"pid {real.pid}" in str(info.value)
+    assert f"pid {pid} " not in str(info.value) and "impostor" not in str(info.value)
+
+
+def test_record_naming_a_dead_process_is_never_the_holder(lock_path: str, raw_holder) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
+    ident = identity_of(gone.pid)
+    assert ident is not None
+    gone.communicate(b"\n")
+    assert identity_of(gone.pid) is None
+    forge(lock_path, ident)
+
+    assert pylock.Lock(lock_path).holder() is None
+    real = raw_holder(lock_path)
+    found = pylock.Lock(lock_path).holder()
+    assert found is not None and found.pid == real.pid and found.verified
+    with pytest.raises(pylock.LockTimeout) as info:
+        pylock.Lock(lock_path).acquire(timeout=0.05)
+    assert info.value.holder is not None and info.value.holder.pid == real.pid
+    assert f"pid {gone.pid} " not in str(info.value)
+
+
+def test_record_with_a_recycled_pid_is_not_the_holder(
+    lock_path: str, sleeper: subprocess.Popen[bytes], raw_holder
+) -> None:
+    """Same pid, other start identity: a later process that reused the pid."""
+    ident = identity_of(sleeper.pid)
+    assert ident is not None
+    earlier = ProcessIdentity(
+        ident.pid, max(ident.start_time - 100, 0), ident.boot_id, ident.pidfs_ino - 1
+    )
+    forge(lock_path, earlier)
+    assert pylock.Lock(lock_path).holder() is None
+    real = raw_holder(lock_path)
+    found = pylock.Lock(lock_path).holder()
+    assert found is not None and found.pid == real.pid
+
+
+def test_record_of_a_previous_holder_does_not_name_it(
+    lock_path: str, spawn_holder, raw_holder
+) -> None:
+    previous = spawn_holder(lock_path)
+    previous.release()  # its record stays in the file
+    with open(lock_path, "rb") as f:
+        record = _record.parse(f.read())
+    assert record is not None and record["pid"] == previous.pid
+    real = raw_holder(lock_path)
+    found = pylock.Lock(lock_path).holder()
+    assert found is not None and found.pid == real.pid and found.verified
+
+
+# -- every holder the kernel shows ----------------------------------------------------
+
+
+def test_holders_lists_every_shared_holder(lock_path: str, spawn_holder) -> None:
+    a = spawn_holder(lock_path, shared=True)
+    b = spawn_holder(lock_path, shared=True)
+    listed = pylock.holders(lock_path)
+    assert sorted(h.pid for h in listed) == sorted([a.pid, b.pid])
+    assert all(h.shared and h.verified for h in listed)
+    assert all(h.start_time == proc_stat_start_time(h.pid) for h in listed)
+    found = pylock.Lock(lock_path).holder()
+    assert found is not None and found.pid in (a.pid, b.pid) and found.shared
+    a.kill()
+    assert [h.pid for h in pylock.holders(lock_path)] == [b.pid]
+
+
+def test_holders_lists_a_forked_child_sharing_the_descriptor(lock_path: str, raw_holder) -> None:
+    raw = raw_holder(lock_path, fork=True)
+    parent, child = raw.pids["parent"], raw.pids["child"]
+    listed = pylock.holders(lock_path)
+    assert sorted(h.pid for h in listed) == sorted([parent, child])
+    assert all(h.verified and not h.shared for h in listed)
+
+    # The taker dies; its child still holds the lock through the inherited
+    # description.  /proc/locks keeps naming the dead taker: fdinfo is the truth.
+    os.kill(parent, signal.SIGKILL)
+    raw.proc.wait()
+    assert proc_locks_pids(lock_path) == [parent]
+    assert [h.pid for h in pylock.holders(lock_path)] == [child]
+    found = pylock.Lock(lock_path).holder()
+    assert found is not None and found.pid == child and found.verified
+    with pytest.raises(pylock.LockHeld) as info:
+        pylock.Lock(lock_path).acquire(blocking=False)
+    assert f"pid {child}" in str(info.value) and f"pid {parent} " not in str(info.value)
+
+
+def test_holder_without_a_record_is_named_from_the_kernel(lock_path: str, raw_holder) -> None:
+    real = raw_holder(lock_path)
+    found = pylock.Lock(lock_path).holder()
+    assert found is not None
+    assert found.pid == real.pid and found.verified
+    assert found.start_time == proc_stat_start_time(real.pid)
+    assert tuple(found.argv) == cmdline(real.pid)
+    assert found.acquired_at is None and found.info is None
+    assert found.alive()
+
+
+# -- seen by a user who may not look at the holder's descriptors ------------------
+
+IS_ROOT = os.geteuid() == 0
+NOBODY = 65534
+
+
+@pytest.fixture
+def public_lock() -> Iterator[str]:
+    """A lock path every user may open (tmp_path is private to root)."""
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="pylock-holder-", dir="/tmp")
+    os.chmod(d, 0o755)
+    path = os.path.join(d, "x.lock")
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def holder_seen_by_nobody(path: str) -> dict[str, Any] | None:
+    """holder() as computed by a forked child running as uid/gid 65534."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            found = pylock.Lock(path).holder()
+            out = None
+            if found is not None:
+                out = {"pid": found.pid, "verified": found.verified, "note": found.note}
+                out["text"] = found.describe()
+            os.write(w, json.dumps(out).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    return json.loads(data)  # type: ignore[no-any-return]
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root to run a check as another user")
+def test_unprovable_record_is_reported_unverified(
+    public_lock: str, sleeper: subprocess.Popen[bytes], raw_holder
+) -> None:
+    """The record names a live process whose descriptors this user may not
+    inspect: it may be named, but never as verified."""
+    ident = identity_of(sleeper.pid)
+    assert ident is not None
+    forge(public_lock, ident)
+    assert holder_seen_by_nobody(public_lock) is None  # free: nothing to report
+    raw_holder(public_lock)
+    seen = holder_seen_by_nobody(public_lock)
+    assert seen is not None
+    assert seen["pid"] == sleeper.pid and seen["verified"] is False
+    assert "unverified" in seen["note"]
+    # root can look: the kernel's holder, verified.
+    found = pylock.Lock(public_lock).holder()
+    assert found is not None and found.pid != sleeper.pid and found.verified
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root to run a check as another user")
+def test_record_of_a_dead_process_is_reported_as_such(public_lock: str, raw_holder) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
+    ident = identity_of(gone.pid)
+    assert ident is not None
+    gone.communicate(b"\n")
+    forge(public_lock, ident)
+    raw_holder(public_lock)
+    seen = holder_seen_by_nobody(public_lock)
+    assert seen is not None
+    assert seen["pid"] != gone.pid and seen["verified"] is False
+    assert f"pid {gone.pid}" in seen["note"] and "exited" in seen["note"]
+    assert "cannot identify" in seen["text"]

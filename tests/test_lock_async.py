@@ -1,0 +1,452 @@
+"""Lock from asyncio: waits happen in the kernel off the loop; timeouts and
+cancellation leave no thread, descriptor, kernel wait or lock behind."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import open_fds
+
+import pylock
+
+# -- helpers ---------------------------------------------------------------
+
+
+def _lock_key(path: str) -> str:
+    st = os.stat(path)
+    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+
+
+def blocked_waiters(path: str) -> list[int]:
+    """Pids the kernel shows blocked in flock on path's inode (/proc/locks '->' lines)."""
+    key = _lock_key(path)
+    with open("/proc/locks") as f:
+        return [int(line.split()[5]) for line in f if " -> " in line and key in line]
+
+
+async def until_blocked(path: str, pid: int, timeout: float = 10.0) -> None:
+    """Return once pid has a flock wait on path in the kernel, keeping the loop running."""
+    deadline = time.monotonic() + timeout
+    while pid not in blocked_waiters(path):
+        assert time.monotonic() < deadline, f"pid {pid} never blocked on {path}"
+        await asyncio.sleep(0.0005)  # re-reading kernel state, not standing in for a signal
+
+
+def wait_blocked(path: str, pid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while pid not in blocked_waiters(path):
+        assert time.monotonic() < deadline, f"pid {pid} never blocked on {path}"
+        time.sleep(0.001)
+
+
+def free_from_elsewhere(path: str) -> bool:
+    """Whether another process can take the lock right now (util-linux flock -n)."""
+    return subprocess.run(["flock", "-n", path, "true"]).returncode == 0
+
+
+def free_here(path: str) -> bool:
+    probe = pylock.Lock(path)
+    try:
+        probe.acquire(blocking=False)
+    except pylock.LockHeld:
+        return False
+    finally:
+        if probe.locked:
+            probe.release()
+        probe.close()
+    return True
+
+
+def wakeups(pid: int) -> int:
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+    return total
+
+
+def pylock_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("pylock")]
+
+
+class Forked:
+    """A forked copy of this process running fn(say); it reports lines by pipe."""
+
+    def __init__(self, fn: Callable[[Callable[[str], None]], None]) -> None:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 0
+            try:
+                os.close(r)
+                fn(lambda text: os.write(w, text.encode() + b"\n") and None)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(w)
+        self.pid = pid
+        self._r = r
+        self._buf = b""
+        self.status: int | None = None
+
+    def line(self, timeout: float = 10.0) -> str:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            ready, _, _ = select.select([self._r], [], [], max(deadline - time.monotonic(), 0))
+            assert ready, f"child {self.pid} said nothing within {timeout} s"
+            chunk = os.read(self._r, 4096)
+            assert chunk, f"child {self.pid} ended without a line"
+            self._buf += chunk
+        text, _, self._buf = self._buf.partition(b"\n")
+        return text.decode()
+
+    def wait(self) -> int:
+        if self.status is None:
+            self.status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            os.close(self._r)
+        return self.status
+
+    def kill(self) -> None:
+        if self.status is None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.wait()
+
+
+@pytest.fixture
+def forked():
+    children: list[Forked] = []
+
+    def start(fn: Callable[[Callable[[str], None]], None]) -> Forked:
+        children.append(Forked(fn))
+        return children[-1]
+
+    yield start
+    for child in children:
+        child.kill()
+
+
+# -- basics ------------------------------------------------------------------
+
+
+def test_acquire_async_and_async_with(lock_path: str) -> None:
+    async def main() -> None:
+        lock = pylock.Lock(lock_path, info={"port": 1})
+        assert await lock.acquire_async() is True
+        assert lock.locked and not free_from_elsewhere(lock_path)
+        lock.release()
+        assert free_from_elsewhere(lock_path)
+        async with lock as same:
+            assert same is lock and lock.locked
+            found = lock.holder()
+            assert found is not None and found.pid == os.getpid() and found.verified
+            assert found.info == {"port": 1}
+        assert not lock.locked and free_from_elsewhere(lock_path)
+
+    asyncio.run(main())
+
+
+def test_async_with_releases_on_exception(lock_path: str) -> None:
+    async def main() -> None:
+        lock = pylock.Lock(lock_path)
+        with pytest.raises(KeyError):
+            async with lock:
+                raise KeyError("boom")
+        assert not lock.locked
+
+    asyncio.run(main())
+    assert free_from_elsewhere(lock_path)
+
+
+def test_waiting_does_not_block_the_loop_and_release_hands_over(lock_path: str) -> None:
+    """Two tasks, two Lock objects on one path: the second waits while the loop runs."""
+
+    async def main() -> None:
+        first, second = pylock.Lock(lock_path), pylock.Lock(lock_path)
+        await first.acquire_async()
+        waiting = asyncio.ensure_future(second.acquire_async())
+        await until_blocked(lock_path, os.getpid())
+        ticks = 0
+        for _ in range(20):  # the loop keeps running other work meanwhile
+            await asyncio.sleep(0)
+            ticks += 1
+        assert ticks == 20 and not waiting.done()
+        first.release()
+        assert await asyncio.wait_for(waiting, 10) is True
+        assert second.locked and not first.locked
+        second.release()
+
+    asyncio.run(main())
+
+
+def test_two_tasks_on_one_lock_object_take_turns(lock_path: str) -> None:
+    async def main() -> None:
+        lock = pylock.Lock(lock_path)
+        order: list[str] = []
+
+        async def worker(name: str, hold: asyncio.Event | None) -> None:
+            async with lock:
+                order.append(f"{name} in")
+                if hold is not None:
+                    await hold.wait()
+                order.append(f"{name} out")
+
+        hold = asyncio.Event()
+        a = asyncio.ensure_future(worker("a", hold))
+        await asyncio.sleep(0)
+        b = asyncio.ensure_future(worker("b", None))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert order == ["a in"]
+        hold.set()
+        await asyncio.wait_for(asyncio.gather(a, b), 10)
+        assert order == ["a in", "a out", "b in", "b out"]
+
+    asyncio.run(main())
+
+
+def test_reacquire_from_the_holding_task_raises(lock_path: str) -> None:
+    async def main() -> None:
+        lock = pylock.Lock(lock_path)
+        await lock.acquire_async()
+        with pytest.raises(pylock.ReentrantAcquire):
+            await lock.acquire_async()
+        other = pylock.Lock(lock_path)
+        t0 = time.monotonic()
+        with pytest.raises(pylock.ReentrantAcquire):  # another object, same task: deadlock
+            await other.acquire_async(timeout=30)
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(pylock.ReentrantAcquire):
+            await other.acquire_async()
+        lock.release()
+        assert await other.acquire_async(timeout=5)
+        other.release()
+
+    asyncio.run(main())
+
+
+# -- kernel wakeups ------------------------------------------------------------
+
+
+def test_sigkill_of_holder_wakes_an_async_waiter_at_once(lock_path: str, spawn_holder) -> None:
+    holder = spawn_holder(lock_path)
+
+    async def main() -> float:
+        lock = pylock.Lock(lock_path)
+        acquired_at = 0.0
+
+        async def take() -> None:
+            nonlocal acquired_at
+            await lock.acquire_async()
+            acquired_at = time.monotonic()
+
+        task = asyncio.ensure_future(take())
+        await until_blocked(lock_path, os.getpid())
+        killed_at = time.monotonic()
+        holder.proc.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(task, 10)
+        assert lock.locked
+        found = lock.holder()
+        assert found is not None and found.pid == os.getpid()
+        lock.release()
+        return acquired_at - killed_at
+
+    latency = asyncio.run(main())
+    # Measured ~1 ms here; timing goals live in bench/.
+    assert latency < 1.0, f"async waiter took {latency:.3f} s after the holder's SIGKILL"
+
+
+def test_async_waiter_sleeps_in_the_kernel(lock_path: str, spawn_holder, forked) -> None:
+    """While waiting, no thread of the waiting process wakes up: no polling anywhere."""
+    holder = spawn_holder(lock_path)
+
+    def child(say: Callable[[str], None]) -> None:
+        async def main() -> None:
+            lock = pylock.Lock(lock_path)
+            say("waiting")
+            await lock.acquire_async(timeout=60)
+            say("acquired")
+            lock.release()
+
+        asyncio.run(main())
+
+    waiter = forked(child)
+    assert waiter.line() == "waiting"
+    wait_blocked(lock_path, waiter.pid)
+    before = wakeups(waiter.pid)
+    time.sleep(0.3)  # an interval to watch, not a synchronisation
+    after = wakeups(waiter.pid)
+    assert after == before, f"{after - before} wakeups while the lock stayed held"
+    holder.proc.send_signal(signal.SIGKILL)
+    assert waiter.line() == "acquired"
+    assert waiter.wait() == 0
+
+
+# -- giving up -------------------------------------------------------------------
+
+
+def test_async_timeout_raises_and_never_acquires_afterwards(lock_path: str, spawn_holder) -> None:
+    holder = spawn_holder(lock_path)
+
+    async def main() -> None:
+        lock = pylock.Lock(lock_path)
+        t0 = time.monotonic()
+        with pytest.raises(pylock.LockTimeout) as info:
+            await lock.acquire_async(timeout=0.2)
+        assert 0.2 <= time.monotonic() - t0 < 5
+        assert isinstance(info.value, TimeoutError)
+        assert info.value.holder is not None and info.value.holder.pid == holder.pid
+        assert f"pid {holder.pid}" in str(info.value)
+        assert not lock.locked
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(lock.acquire_async(), 0.05)
+        assert not lock.locked
+
+    asyncio.run(main())
+    assert blocked_waiters(lock_path) == []
+    holder.release()
+    assert free_from_elsewhere(lock_path)
+
+
+def test_cancelled_wait_never_acquires_afterwards(lock_path: str, spawn_holder) -> None:
+    holder = spawn_holder(lock_path)
+
+    async def main() -> pylock.Lock:
+        lock = pylock.Lock(lock_path)
+        task = asyncio.ensure_future(lock.acquire_async())
+        await until_blocked(lock_path, os.getpid())
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not lock.locked
+        return lock
+
+    lock = asyncio.run(main())
+    assert blocked_waiters(lock_path) == []
+    holder.release()
+    assert free_from_elsewhere(lock_path)
+    assert not lock.locked
+
+
+def test_200_timed_out_and_200_cancelled_waits_leak_nothing(lock_path: str, spawn_holder) -> None:
+    holder = spawn_holder(lock_path)
+
+    async def main() -> dict[str, Any]:
+        gc.collect()
+        fds, threads = open_fds(), threading.active_count()
+        lock = pylock.Lock(lock_path)
+        timed_out = cancelled = 0
+        for _ in range(200):
+            try:
+                await lock.acquire_async(timeout=0.002)
+            except pylock.LockTimeout:
+                timed_out += 1
+        for _ in range(200):
+            task = asyncio.ensure_future(lock.acquire_async())
+            await until_blocked(lock_path, os.getpid())  # cancel a real kernel wait
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                cancelled += 1
+        locked = lock.locked
+        lock.close()
+        gc.collect()
+        return {
+            "timed_out": timed_out,
+            "cancelled": cancelled,
+            "locked": locked,
+            "new_fds": open_fds() - fds,
+            "threads": threading.active_count() - threads,
+            "pylock_threads": pylock_threads(),
+            "blocked": blocked_waiters(lock_path),
+        }
+
+    outcome = asyncio.run(main())
+    assert outcome == {
+        "timed_out": 200,
+        "cancelled": 200,
+        "locked": False,
+        "new_fds": set(),
+        "threads": 0,
+        "pylock_threads": [],
+        "blocked": [],
+    }
+    holder.release()
+    assert free_from_elsewhere(lock_path)
+
+
+def test_cancel_racing_the_grant_never_leaves_the_lock_held(lock_path: str) -> None:
+    """The holder releases as the waiter is cancelled: either the waiter got the
+    lock (and says so) or the cancel won and nobody holds it."""
+
+    async def main() -> tuple[int, int]:
+        holder, waiter = pylock.Lock(lock_path), pylock.Lock(lock_path)
+        won = lost = 0
+        for i in range(100):
+            holder.acquire()
+            task = asyncio.ensure_future(waiter.acquire_async())
+            await until_blocked(lock_path, os.getpid())
+            if i % 2:
+                holder.release()
+                task.cancel()
+            else:
+                task.cancel()
+                holder.release()
+            try:
+                await task
+            except asyncio.CancelledError:
+                lost += 1
+                assert not waiter.locked
+                assert free_here(lock_path), f"round {i}: cancelled, yet the lock is held"
+            else:
+                won += 1
+                assert waiter.locked
+                waiter.release()
+        return won, lost
+
+    won, lost = asyncio.run(main())
+    assert won + lost == 100
+    assert free_from_elsewhere(lock_path)
+
+
+def test_timeout_racing_the_release_never_leaves_the_lock_held(lock_path: str) -> None:
+    """Sync waits whose deadline falls as the holder releases: LockTimeout means free."""
+    holder = pylock.Lock(lock_path)
+    waiter = pylock.Lock(lock_path)
+    for i in range(100):
+        holder.acquire()
+        outcome: list[object] = []
+
+        def wait(outcome: list[object] = outcome) -> None:
+            try:
+                outcome.append(waiter.acquire(timeout=0.002))
+            except pylock.LockTimeout as exc:
+                outcome.append(exc)
+
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(i * 0.00004)  # sweeps the release across the 2 ms deadline
+        holder.release()
+        t.join()
+        if outcome == [True]:
+            waiter.release()
+        else:
+            assert isinstance(outcome[0], pylock.LockTimeout)
+            assert not waiter.locked
+            assert free_here(lock_path), f"round {i}: timed out, yet the lock is held"
+    assert free_from_elsewhere(lock_path)

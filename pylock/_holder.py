@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import os
+import shlex
 import socket
 import sys
 from dataclasses import dataclass, field, replace
@@ -48,10 +49,11 @@ class Holder:
         return self.pid > 0 and is_alive(self.identity)
 
     def command(self) -> str:
+        """The holder's command line, shortened to one readable line."""
         if not self.argv:
-            return self.program
+            return _one_line(self.program)
         words = [os.path.basename(self.argv[0]), *self.argv[1:]]
-        text = " ".join(words)
+        text = " ".join(_word(word) for word in words)
         return text if len(text) <= 80 else text[:77] + "..."
 
     def describe(self) -> str:
@@ -69,6 +71,18 @@ class Holder:
         if self.note:
             text += f" [{self.note}]"
         return text
+
+
+def _one_line(text: str) -> str:
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
+def _word(word: str) -> str:
+    """One argv word for a message: one line, at most 40 characters, quoted if spaced."""
+    text = _one_line(word)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return shlex.quote(text) if text != word or " " in text else text
 
 
 def _from_record(rec: dict[str, Any], verified: bool, note: str = "") -> Holder:

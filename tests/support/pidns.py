@@ -69,13 +69,20 @@ def run_in_pidns(
     env: Mapping[str, str] | None = None,
     check: bool = True,
     python: str | None = None,
+    old_kernel: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run a Python source string as pid 1 of a private pid namespace.
 
     The script can import pylock and tests.support from this checkout.
+    old_kernel=True runs the whole namespace under the seccomp filter that
+    makes the pidfd syscalls fail with ENOSYS (see seccomp.py).
     On failure (check=True) the script's stderr is part of the exception text.
     """
     argv = pidns_command([python or sys.executable, "-c", script, *args])
+    if old_kernel:
+        from tests.support import seccomp
+
+        argv = seccomp.command(argv, python=python)
     proc = subprocess.run(
         argv,
         capture_output=True,

@@ -163,3 +163,82 @@ def wait_for(condition: Any, timeout: float = 10.0, what: str = "condition") -> 
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(delay)
         delay = min(delay * 2, 0.02)
+
+
+NOBODY = (65534, 65534)
+
+
+def become(user: tuple[int, int]) -> None:
+    """Drop to (uid, gid) for good, like a process started by that user.
+
+    A process that changed its credentials is made non-dumpable, which hides
+    its own /proc/self/fd* from itself; a user's ordinary processes are
+    dumpable, so restore that.
+    """
+    import ctypes
+
+    os.setgroups([])
+    os.setgid(user[1])
+    os.setuid(user[0])
+    pr_set_dumpable = 4
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_dumpable, 1, 0, 0, 0)
+
+
+def describe_exception(e: BaseException) -> dict[str, Any]:
+    return {
+        "exc": type(e).__name__,
+        "mro": [c.__name__ for c in type(e).__mro__],
+        "errno": getattr(e, "errno", None),
+        "filename": getattr(e, "filename", None),
+        "msg": str(e),
+    }
+
+
+def in_child(fn: Any, timeout: float = 30.0, user: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Run fn() in a forked child (as user (uid, gid) if given) and return
+    {"value": ..., "elapsed": s} or an exception description, or {"hang": True}
+    when it did not finish within timeout (the child is then killed).
+
+    A hang in pylock must fail a test, not stall the suite: that is what the
+    separate process is for.
+    """
+    import json
+    import select
+    import time
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            if user is not None:
+                become(user)
+            t0 = time.monotonic()
+            try:
+                res: dict[str, Any] = {"value": fn()}
+            except BaseException as e:
+                res = describe_exception(e)
+            res["elapsed"] = time.monotonic() - t0
+            data = json.dumps(res, default=repr).encode()
+            while data:
+                data = data[os.write(w, data) :]
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([r], [], [], max(0.0, left))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                return {"hang": True}
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    return dict(json.loads(b"".join(chunks)))

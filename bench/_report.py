@@ -266,14 +266,16 @@ def _death(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
             "(or blocking wait) returning. `holder_exit(lock)` watches the process holding a pylock "
             "lock. The fallback rows run the watcher under a seccomp filter that makes `pidfd_open` "
             "fail with ENOSYS (`python -m tests.support.seccomp`), as on kernels before 5.3; they "
-            "are compared with pylock's pidfd path.",
+            "are compared with pylock's pidfd path. The processes watched by pid are tiny C "
+            "sleepers; the lock holders are forked Python processes, whose exit takes the kernel "
+            "longer to tear down (compare the lock rows with each other only).",
             "",
         )
         order = [
             ("pylock", DEATH_LABELS["pylock"], "pylock", False),
             ("pidfd", DEATH_LABELS["pidfd"], "pylock", True),
             ("psutil", DEATH_LABELS["psutil"], "pylock", False),
-            ("pylock-lock", DEATH_LABELS["pylock-lock"], "pylock", False),
+            ("pylock-lock", DEATH_LABELS["pylock-lock"], None, False),
             ("fallback", DEATH_LABELS["fallback"], "pylock", False),
             ("fallback-lock", DEATH_LABELS["fallback-lock"], "pylock-lock", False),
         ]
@@ -433,7 +435,7 @@ def plot(results: Results, path: str, cmd: str) -> None:
         data = [s[1] for s in series][::-1]
         ax.boxplot(
             data,
-            vert=False,
+            orientation="horizontal",
             whis=(1, 99),
             showfliers=False,
             widths=0.6,

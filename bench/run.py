@@ -111,7 +111,9 @@ def worker_env() -> dict[str, str]:
 class Worker:
     """A bench/_worker.py process spoken to line by line."""
 
-    def __init__(self, name: str, argv: Sequence[str], prefix: Sequence[str] = ()) -> None:
+    def __init__(
+        self, name: str, argv: Sequence[str], prefix: Sequence[str] = (), greet: bool = True
+    ) -> None:
         self.name = name
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
@@ -123,9 +125,15 @@ class Worker:
             env=worker_env(),
         )
         self._buf = b""
+        self.pid = 0
+        if greet:
+            self.greeting()
+
+    def greeting(self) -> None:
+        """Wait until the worker is up (separate, so many can start at once)."""
         words = self.recv(60.0)
         if words[0] != "hello":
-            raise BenchError(f"{name}: unexpected greeting {words!r}")
+            raise BenchError(f"{self.name}: unexpected greeting {words!r}")
         self.pid = int(words[1])
 
     def send(self, line: str) -> None:
@@ -618,6 +626,9 @@ def measure_death_many(ctx: Context) -> dict[str, Row]:
                     raise BenchError(f"{watcher.name}: {words!r}")
                 row.extra["register_s"] = (now() - t_reg) / 1e9
                 row.extra["bytes_per_watch"] = (int(words[2]) - int(words[1])) * 1024 / n
+                # Let the watcher finish answering and block again, so the
+                # window holds only what it does while idle.
+                time.sleep(0.2)
                 cpu0, sw0 = task_cpu(watcher.pid)
                 time.sleep(ctx.sizes.idle_s)
                 cpu1, sw1 = task_cpu(watcher.pid)
@@ -655,7 +666,7 @@ def measure_contention(ctx: Context) -> dict[str, Row]:
     configs = [("procs", 2), ("procs", 8), ("procs", 32), ("tasks", 64)]
     for kind, n in configs:
         for lib in CONTENTION[kind]:
-            key = f"{lib} x{n} {'processes' if kind == 'procs' else 'tasks'}"
+            key = f"{lib} {n} {'processes' if kind == 'procs' else 'asyncio tasks'}"
             row = rows[key] = Row(lib, extra={"kind": kind, "n": n})
             if ctx.pylock_error and lib.startswith("pylock"):
                 row.error = ctx.pylock_error
@@ -678,8 +689,11 @@ def contend(ctx: Context, kind: str, n: int, lib: str, row: Row) -> None:
                 Worker(
                     f"contend {lib} {i}",
                     ["contend", lib, path, ctx.record_path, shm, str(tasks)],
+                    greet=False,
                 )
             )
+        for w in workers:
+            w.greeting()
         start = now() + 200_000_000
         end = start + int(ctx.sizes.contention_s * 1e9)
         for w in workers:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Windows C core: cross-compile win_lock.c and win_proc.c with mingw-w64
+# Windows C core: cross-compile claim.c, win_lock.c and win_proc.c with mingw-w64
 # (warnings are errors) together with csrc/tests/test_win.c, and run the
 # test program under Wine in a fresh prefix.  Also compile-checks the core
 # for x86_64 and ARM64 Windows with zig's clang when the ziglang package is
@@ -30,12 +30,12 @@ trap cleanup EXIT
 
 echo "windows: compiling the core (mingw-w64, C11 and GNU C, -Werror)"
 for std in -std=c11 -std=gnu11; do
-    for src in win_lock.c win_proc.c; do
+    for src in claim.c win_lock.c win_proc.c; do
         "$CC" "$std" "${CFLAGS[@]}" -c "$CSRC/$src" -o "$WORK/${src%.c}.o"
     done
 done
 "$CC" -municode "${CFLAGS[@]}" -o "$WORK/test_win.exe" \
-    "$CSRC/tests/test_win.c" "$CSRC/win_lock.c" "$CSRC/win_proc.c"
+    "$CSRC/tests/test_win.c" "$CSRC/claim.c" "$CSRC/win_lock.c" "$CSRC/win_proc.c"
 
 if [ -n "$PYTHON" ] && "$PYTHON" -c "import ziglang" 2>/dev/null; then
     # zig's -fsyntax-only insists on renaming an object it never wrote, so
@@ -43,7 +43,7 @@ if [ -n "$PYTHON" ] && "$PYTHON" -c "import ziglang" 2>/dev/null; then
     export ZIG_GLOBAL_CACHE_DIR="$WORK/zig" ZIG_LOCAL_CACHE_DIR="$WORK/zig"
     for target in x86_64-windows-gnu aarch64-windows-gnu; do
         echo "windows: compiling the core for $target (zig cc, -Werror)"
-        for src in win_lock.c win_proc.c; do
+        for src in claim.c win_lock.c win_proc.c; do
             "$PYTHON" -m ziglang cc -target "$target" "${CFLAGS[@]}" -c "$CSRC/$src" \
                 -o "$WORK/$target-${src%.c}.o"
         done

@@ -666,6 +666,126 @@ static void test_not_inherited(void)
     CHECK_EQ(pl_close(h), 0);
 }
 
+/* ---- one-call acquisition (claim.c on top of this core) ------------------ */
+
+static uint32_t crc32_of(const char *data, size_t len)
+{
+    uint32_t crc = 0xFFFFFFFFu;
+    for (size_t i = 0; i < len; i++) {
+        crc ^= (unsigned char)data[i];
+        for (int k = 0; k < 8; k++)
+            crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+    }
+    return ~crc;
+}
+
+static int reports_pending_delete(pl_handle h)
+{
+    FILE_STANDARD_INFO si;
+    return GetFileInformationByHandleEx((HANDLE)(intptr_t)h, FileStandardInfo, &si, sizeof si) &&
+           si.DeletePending;
+}
+
+typedef struct {
+    pl_handle h;
+    pl_lockfile *lf;
+    HANDLE entering;
+    int rc;
+} claim_job;
+
+static DWORD WINAPI wait_then_claim(LPVOID arg)
+{
+    claim_job *job = arg;
+    SetEvent(job->entering);
+    job->rc = pl_lock_wait(job->h, 0, (int64_t)HANG_MS * 1000000, NULL);
+    if (job->rc == 0)
+        job->rc = pl_claim(job->lf);
+    return 0;
+}
+
+static void test_acquire_and_claim(void)
+{
+    static const char head[] = "{\"pid\":4242,\"program\":\"t\xc3\xa9st\",\"acquired_at\":";
+    char path[4 * MAX_PATH], buf[512];
+    wchar_t wpath[MAX_PATH];
+    pl_lockfile a, b;
+    pl_file_info st;
+    pl_handle h1, h2, h3;
+    size_t len = 0, plen = 0;
+    unsigned crc = 0;
+    int hdr = 0;
+
+    section("pl_acquire: lock, check the file is linked, write the record");
+    path_in(path, sizeof path, "claim.lock");
+    wpath_in(wpath, MAX_PATH, L"claim.lock");
+    h1 = open_ok(path, PL_OPEN_CREATE);
+    h2 = open_ok(path, PL_OPEN_CREATE);
+    memset(&a, 0, sizeof a);
+    a.handle = h1;
+    a.head = head;
+    a.head_len = sizeof head - 1;
+    a.head_crc = crc32_of(head, sizeof head - 1);
+    b = a;
+    b.handle = h2;
+    CHECK_EQ(pl_acquire(&a), 0);
+    CHECK_EQ(a.record_error, 0);
+    CHECK_EQ(pl_file_stat(h1, &st), 0);
+    CHECK(a.st.dev == st.dev && a.st.ino == st.ino && a.st.nlink == 1);
+    CHECK_EQ(pl_acquire(&b), PY_EWOULDBLOCK);
+    CHECK_EQ(pl_read_record(h2, buf, sizeof buf - 1, &len), 0);
+    buf[len] = 0;
+    CHECK(sscanf(buf, "pylock-record v1 %zu %8x\n%n", &plen, &crc, &hdr) == 2 && hdr > 0);
+    CHECK_EQ((size_t)hdr + plen, len);
+    CHECK(memcmp(buf + hdr, head, sizeof head - 1) == 0 && buf[len - 1] == '}');
+    CHECK_EQ(crc32_of(buf + hdr, plen), crc);
+
+    section("pl_acquire: a shared lock writes no record");
+    CHECK_EQ(pl_unlock(h1), 0);
+    a.shared = b.shared = 1;
+    a.head_len = b.head_len = 0;
+    CHECK_EQ(pl_write_record(h1, "untouched", 9), 0);
+    CHECK_EQ(pl_acquire(&a), 0);
+    CHECK_EQ(pl_acquire(&b), 0);
+    CHECK_EQ(pl_read_record(h2, buf, 9, &len), 0);
+    CHECK(len == 9 && memcmp(buf, "untouched", 9) == 0);
+    CHECK_EQ(pl_unlock(h1), 0);
+    CHECK_EQ(pl_unlock(h2), 0);
+    a.shared = b.shared = 0;
+
+    section("pl_claim: the lock of a deleted file is given back (PL_E_UNLINKED)");
+    h3 = open_ok(path, PL_OPEN_CREATE);
+    b.handle = h3;
+    CHECK_EQ(pl_acquire(&a), 0);
+    CHECK(DeleteFileW(wpath));
+    if (!reports_pending_delete(h1)) {
+        skip("this platform does not report pending deletes (Wine), so nlink stays 1");
+        CHECK_EQ(pl_unlock(h1), 0);
+    } else {
+        CHECK_EQ(pl_acquire(&b), PY_EWOULDBLOCK);
+        if (g_kernel_lock_wait) {
+            /* h3 was opened before the delete and waits; the holder
+             * releases; the waiter must find the file unlinked. */
+            claim_job job = {h3, &b, CreateEventW(NULL, TRUE, FALSE, NULL), -1};
+            HANDLE t = CreateThread(NULL, 0, wait_then_claim, &job, 0, NULL);
+            WaitForSingleObject(job.entering, HANG_MS);
+            CHECK_EQ(WaitForSingleObject(t, 100), WAIT_TIMEOUT);
+            CHECK_EQ(pl_unlock(h1), 0);
+            CHECK_EQ(WaitForSingleObject(t, HANG_MS), WAIT_OBJECT_0);
+            CHECK_EQ(job.rc, PL_E_UNLINKED);
+            CloseHandle(t);
+            CloseHandle(job.entering);
+        } else {
+            CHECK_EQ(pl_unlock(h1), 0);
+            CHECK_EQ(pl_acquire(&b), PL_E_UNLINKED);
+        }
+        CHECK_EQ(pl_try_lock(h1, 0), 0); /* the refused claim holds nothing */
+        CHECK_EQ(pl_unlock(h1), 0);
+    }
+    pl_close(h1);
+    pl_close(h2);
+    pl_close(h3);
+}
+
 /* ---- errors ----------------------------------------------------------- */
 
 static void test_errors(void)
@@ -1005,6 +1125,7 @@ int wmain(int argc, wchar_t **argv)
     test_timeout_and_cancel();
     test_cancel_grant_race();
     test_not_inherited();
+    test_acquire_and_claim();
     test_errors();
     test_fs_stat();
     test_self_identity();

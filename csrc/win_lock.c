@@ -209,6 +209,14 @@ static int has_prefix(const wchar_t *s, const wchar_t *prefix)
     return wcsncmp(s, prefix, wcslen(prefix)) == 0;
 }
 
+/* prefix + rest into out, which has room for both. */
+static void join_path(wchar_t *out, const wchar_t *prefix, const wchar_t *rest)
+{
+    size_t p = wcslen(prefix), r = wcslen(rest);
+    memcpy(out, prefix, p * sizeof(wchar_t));
+    memcpy(out + p, rest, (r + 1) * sizeof(wchar_t));
+}
+
 /* The path as CreateFileW wants it, in a malloc'd buffer.  Paths too long
  * for the classic MAX_PATH limit become absolute "\\?\" paths, so they work
  * whether or not long paths are enabled for the process. */
@@ -268,15 +276,12 @@ static int wide_path(const char *path, wchar_t **out)
         return rc;
     }
     free(w);
-    if (has_prefix(full, L"\\\\?\\") || has_prefix(full, L"\\\\.\\")) {
-        wcscpy(res, full);
-    } else if (has_prefix(full, L"\\\\")) {
-        wcscpy(res, L"\\\\?\\UNC\\");
-        wcscat(res, full + 2);
-    } else {
-        wcscpy(res, L"\\\\?\\");
-        wcscat(res, full);
-    }
+    if (has_prefix(full, L"\\\\?\\") || has_prefix(full, L"\\\\.\\"))
+        join_path(res, L"", full);
+    else if (has_prefix(full, L"\\\\"))
+        join_path(res, L"\\\\?\\UNC\\", full + 2);
+    else
+        join_path(res, L"\\\\?\\", full);
     free(full);
     *out = res;
     return 0;

@@ -9,11 +9,13 @@
  * event loop (pl_proc_event_fd) and no SIGCHLD fallback: both are ENOSYS
  * here, by design.
  *
- * boot_id is the kernel's boot time (SystemTimeOfDayInformation), in 100 ns
- * units since 1601 like start_time, as a decimal string.  Every process
- * reads the same value from the kernel; it moves only when the system clock
- * is stepped (not when it is slewed).  The creation time alone already
- * tells processes of different boots apart.
+ * boot_id is the kernel's boot time in 100 ns units since 1601 (like
+ * start_time), as a decimal string.  SystemTimeOfDayInformation gives the
+ * boot time (which the kernel moves whenever the clock is stepped) and the
+ * sum of those steps; their difference is the boot time as first set: the
+ * same for every process, for the whole boot, whatever happens to the
+ * clock.  Python treats another boot_id as another boot, so it must not
+ * move while the system runs.
  */
 #include "pylock_proc.h"
 
@@ -77,18 +79,27 @@ static uint64_t boot_time(void)
                     ntdll, "NtQuerySystemInformation")
               : NULL;
     pl_timeofday_info info;
-    FILETIME now;
+    uint64_t prev = 0, now;
+    FILETIME ft;
     ULARGE_INTEGER t;
 
-    memset(&info, 0, sizeof info);
-    if (query != NULL && query(3 /* SystemTimeOfDayInformation */, &info, sizeof info, NULL) >= 0 &&
-        info.boot_time.QuadPart > 0)
-        return (uint64_t)info.boot_time.QuadPart;
+    /* The two fields are read without a lock: a clock step in between
+     * would tear them, so read until two answers agree. */
+    for (int i = 0; query != NULL && i < 4; i++) {
+        memset(&info, 0, sizeof info);
+        if (query(3 /* SystemTimeOfDayInformation */, &info, sizeof info, NULL) < 0 ||
+            info.boot_time.QuadPart <= 0)
+            break;
+        now = (uint64_t)info.boot_time.QuadPart - info.boot_time_bias;
+        if (i > 0 && now == prev)
+            return now;
+        prev = now;
+    }
     /* Without it, derive it from the uptime, to the second so that
      * processes reading at different moments agree. */
-    GetSystemTimeAsFileTime(&now);
-    t.LowPart = now.dwLowDateTime;
-    t.HighPart = now.dwHighDateTime;
+    GetSystemTimeAsFileTime(&ft);
+    t.LowPart = ft.dwLowDateTime;
+    t.HighPart = ft.dwHighDateTime;
     return (t.QuadPart - GetTickCount64() * 10000ULL) / 10000000ULL * 10000000ULL;
 }
 

@@ -970,6 +970,8 @@ static void test_self_identity(void)
     CHECK_EQ(pl_proc_open(GetCurrentProcessId(), &h), 0);
     CHECK_EQ(pl_proc_identity(h, GetCurrentProcessId(), &b), 0);
     CHECK(a.start_time == b.start_time && strcmp(a.boot_id, b.boot_id) == 0);
+    /* The boot precedes every process of the boot. */
+    CHECK(strtoull(a.boot_id, NULL, 10) > 0 && strtoull(a.boot_id, NULL, 10) <= a.start_time);
     CHECK_EQ(pl_proc_identity(h, GetCurrentProcessId() + 4, &b), EINVAL);
     pl_proc_close(h);
     printf("   boot_id %s, start_time %llu\n", a.boot_id, (unsigned long long)a.start_time);

@@ -9,7 +9,12 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CSRC="$ROOT/csrc"
 CC=x86_64-w64-mingw32-gcc
-PYTHON="${PYTHON:-$(command -v python3 || command -v python)}"
+# A Python for the ziglang checks: $PY as .ci/run passes it, else the
+# README's .venv, else python3.
+PY="${PY:-${PYTHON:-}}"
+if [ -z "$PY" ]; then
+    if [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
+fi
 CFLAGS=(-O2 -Wall -Wextra -Werror -I"$CSRC")
 
 if ! command -v "$CC" >/dev/null || ! command -v wine >/dev/null; then
@@ -37,19 +42,44 @@ done
 "$CC" -municode "${CFLAGS[@]}" -o "$WORK/test_win.exe" \
     "$CSRC/tests/test_win.c" "$CSRC/claim.c" "$CSRC/win_lock.c" "$CSRC/win_proc.c"
 
-if [ -n "$PYTHON" ] && "$PYTHON" -c "import ziglang" 2>/dev/null; then
-    # zig's -fsyntax-only insists on renaming an object it never wrote, so
-    # compile for real; a private cache keeps concurrent runs apart.
-    export ZIG_GLOBAL_CACHE_DIR="$WORK/zig" ZIG_LOCAL_CACHE_DIR="$WORK/zig"
+# Every function of the cffi cdef must be defined by the Windows objects
+# (their bodies sit under #ifdef _WIN32, so an empty file would compile).
+want=$(sed -n '/CDEF-BEGIN/,/CDEF-END/p' "$CSRC/pylock.h" "$CSRC/pylock_proc.h" |
+    grep -oE '\bpl_[a-z_]+\(' | tr -d '(' | sort -u)
+have=$(x86_64-w64-mingw32-nm -g --defined-only "$WORK/claim.o" "$WORK/win_lock.o" \
+    "$WORK/win_proc.o" | awk '$2 == "T" {print $3}' | sort -u)
+missing=$(comm -23 <(echo "$want") <(echo "$have"))
+if [ -n "$missing" ]; then
+    echo "windows: the Windows core does not define: $missing" >&2
+    exit 1
+fi
+echo "windows: all $(echo "$want" | wc -l) API functions defined"
+
+zig_ok=1
+if ! "$PY" -m ziglang version >/dev/null 2>&1; then
+    # Only ever into a virtual environment, never a system Python.
+    if "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' 2>/dev/null; then
+        echo "windows: installing ziglang into $("$PY" -c 'import sys; print(sys.prefix)')"
+        "$PY" -m pip install --quiet ziglang
+    else
+        zig_ok=0
+        echo "windows: SKIP the zig x86_64/ARM64 compile checks: $PY has no ziglang and is" \
+            "not a virtual environment (run .ci/run, or set PY to a venv's python)"
+    fi
+fi
+# zig's -fsyntax-only insists on renaming an object it never wrote, so
+# compile for real; a private cache keeps concurrent runs apart.
+export ZIG_GLOBAL_CACHE_DIR="$WORK/zig" ZIG_LOCAL_CACHE_DIR="$WORK/zig"
+if [ "$zig_ok" = 1 ]; then
     for target in x86_64-windows-gnu aarch64-windows-gnu; do
-        echo "windows: compiling the core for $target (zig cc, -Werror)"
-        for src in claim.c win_lock.c win_proc.c; do
-            "$PYTHON" -m ziglang cc -target "$target" "${CFLAGS[@]}" -c "$CSRC/$src" \
-                -o "$WORK/$target-${src%.c}.o"
+        echo "windows: compiling the core for $target (zig $("$PY" -m ziglang version), -Werror)"
+        for std in -std=c11 -std=gnu11; do
+            for src in claim.c win_lock.c win_proc.c; do
+                "$PY" -m ziglang cc -target "$target" "$std" "${CFLAGS[@]}" -c "$CSRC/$src" \
+                    -o "$WORK/$target-${src%.c}.o"
+            done
         done
     done
-else
-    echo "windows: SKIP zig cross-compile checks: the ziglang package is not installed"
 fi
 
 echo "windows: preparing a fresh Wine prefix"

@@ -456,6 +456,11 @@ int pl_close(pl_handle h)
     return CloseHandle(as_handle(h)) ? 0 : pl_win_errno(GetLastError());
 }
 
+/* dev and ino are what os.stat reports on Python 3.12 and later: the
+ * volume serial and file id of FILE_ID_INFO (64-bit serial; the 128-bit
+ * ReFS id, whose high half is zero on NTFS, folded into 64 bits when it is
+ * not).  Python 3.9 to 3.11 report the 32-bit serial instead, so compare
+ * files through this function on both sides, not against os.stat. */
 int pl_file_stat(pl_handle h, pl_file_info *out)
 {
     BY_HANDLE_FILE_INFORMATION info;
@@ -466,15 +471,15 @@ int pl_file_stat(pl_handle h, pl_file_info *out)
     if (!GetFileInformationByHandle(as_handle(h), &info) ||
         !GetFileInformationByHandleEx(as_handle(h), FileStandardInfo, &std, sizeof std))
         return pl_win_errno(GetLastError());
-    out->dev = info.dwVolumeSerialNumber;
-    out->ino = ((uint64_t)info.nFileIndexHigh << 32) | info.nFileIndexLow;
-    /* ReFS file ids are 128 bits; fold them so distinct files stay
-     * distinct in practice (on NTFS the high half is zero: no change). */
     if (GetFileInformationByHandleEx(as_handle(h), FileIdInfo, &id, sizeof id)) {
         memcpy(&lo, id.FileId.Identifier, 8);
         memcpy(&hi, id.FileId.Identifier + 8, 8);
-        if (hi != 0)
-            out->ino = lo ^ (hi * 0x9E3779B97F4A7C15ULL);
+        out->dev = id.VolumeSerialNumber;
+        out->ino = hi == 0 ? lo : lo ^ (hi * 0x9E3779B97F4A7C15ULL);
+    } else {
+        /* FAT and older servers have no FILE_ID_INFO. */
+        out->dev = info.dwVolumeSerialNumber;
+        out->ino = ((uint64_t)info.nFileIndexHigh << 32) | info.nFileIndexLow;
     }
     /* A file marked for deletion is as good as unlinked: the next opener
      * of the path gets a different file, so report no links, as fstat

@@ -242,6 +242,26 @@ static void test_open_and_stat(void)
     CHECK(a.dev == b.dev && a.ino == b.ino);
     CHECK_EQ(a.nlink, 1);
     CHECK_EQ(a.size, 0);
+    {
+        /* The values os.stat gives on Python 3.12+ (FILE_ID_INFO), or
+         * the by-handle ones where that is missing. */
+        FILE_ID_INFO id;
+        BY_HANDLE_FILE_INFORMATION bh;
+        uint64_t lo, hi;
+        CHECK(GetFileInformationByHandle((HANDLE)(intptr_t)h1, &bh));
+        if (GetFileInformationByHandleEx((HANDLE)(intptr_t)h1, FileIdInfo, &id, sizeof id)) {
+            memcpy(&lo, id.FileId.Identifier, 8);
+            memcpy(&hi, id.FileId.Identifier + 8, 8);
+            CHECK(a.dev == id.VolumeSerialNumber && hi == 0 && a.ino == lo);
+        } else {
+            printf("   (no FILE_ID_INFO here: by-handle serial and index)\n");
+            CHECK(a.dev == bh.dwVolumeSerialNumber &&
+                  a.ino == (((uint64_t)bh.nFileIndexHigh << 32) | bh.nFileIndexLow));
+        }
+    }
+    CHECK_EQ(pl_write_record(h1, "abc", 3), 0);
+    CHECK_EQ(pl_file_stat(h2, &b), 0);
+    CHECK_EQ(b.size, 3);
     CHECK_EQ(pl_close(h1), 0);
     CHECK_EQ(pl_close(h2), 0);
     CHECK_EQ(pl_close(h3), 0);

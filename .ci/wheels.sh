@@ -187,13 +187,16 @@ find "$RUN" -name __pycache__ -prune -exec rm -rf {} +
     grep -q "$WORK/venv-test/" || die "the test run would not import the installed wheel"
 # The README's command, `python -m pytest tests`, in a directory that holds
 # only tests/ and pyproject.toml: pylock comes from the installed wheel.
+# A hung test must fail this step with a message, not eat CI's time.
+SUITE_LIMIT=${PYLOCK_WHEEL_SUITE_TIMEOUT:-1200}
 set +e
-(cd "$RUN" && env -u PYTHONPATH "$VPY" -m pytest tests)
+(cd "$RUN" && env -u PYTHONPATH timeout -k 30 "$SUITE_LIMIT" "$VPY" -m pytest tests)
 rc=$?
 set -e
 case $rc in
     0) echo "wheel test suite on $test_minor: passed" ;;
     5) die "no tests were collected from tests/" ;;
+    124 | 137) die "the test suite against the installed wheel hung: stopped after ${SUITE_LIMIT}s" ;;
     *) die "test suite against the installed wheel on $test_minor: exit $rc" ;;
 esac
 

@@ -419,9 +419,8 @@ class _Watch:
                 if status.exited:
                     self._finish(status.returncode)
                     return
-                if not self._settle_expected():
-                    return
-                return  # SIGCHLD will tell
+                self._settle_expected()  # from here on, SIGCHLD tells
+                return
             _fanout.unsubscribe(self._sub)
             self._sub = None
         if not self._settle_expected():
@@ -436,12 +435,21 @@ class _Watch:
         if self._expected is None:
             self._expected = identity_of(self.pid)  # a bare pid: whoever has it now
             if self._expected is None:
-                self._finish(None)
+                self._finish(self._late_status())
                 return False
         elif not _still_there(self.pid, self._expected):
-            self._finish(None)
+            self._finish(self._late_status())
             return False
         return True
+
+    def _late_status(self) -> int | None:
+        """The status of a child found gone after waitid said it ran: it may have
+        become a zombie in between (then waitid tells now), or been reaped by
+        its owner (then nobody can)."""
+        if self._sub is None:
+            return None
+        status = _child_status(self.pid)
+        return status.returncode if status.is_child and status.exited else None
 
     def _wake_threadsafe(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed
@@ -456,8 +464,9 @@ class _Watch:
         elif status.exited:
             self._finish(status.returncode)
         elif self._expected is not None and not _still_there(self.pid, self._expected):
-            # Reaped by its owner and the pid given to another child of ours.
-            self._finish(None)
+            # Exited since waitid looked, or reaped by its owner and the pid
+            # given to another child of ours.
+            self._finish(self._late_status())
 
     def _poll(self) -> None:
         self._timer = None

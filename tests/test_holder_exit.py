@@ -1,0 +1,806 @@
+"""holder_exit, wait_exit and ExitWatcher with real processes.
+
+CI runs this module twice: as is (pidfd on this kernel) and under the seccomp
+launcher that makes pidfd_open, pidfd_send_signal and pidfd_getfd fail with
+ENOSYS, where the SIGCHLD / lock / identity fallback does the work.  The
+fallback-only cases (signalfd, chained handlers, ignored SIGCHLD) also run
+here in subprocesses under that launcher, so both paths are covered in one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import pylock
+from pylock import ExitWatcher, Holder, Lock, _process, holder_exit, wait_exit
+from pylock._exit import ProcessExit
+from tests.conftest import HolderProcess, open_fds
+from tests.support import env_with_repo, pidns
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux processes")
+
+PINNING = _process.pinning_available()
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECCOMP = [sys.executable, "-m", "tests.support.seccomp", "--"]
+
+# An intermediate process that owns the target, so the target is not our
+# child: it prints the target's pid, then obeys "zombie" (wait until the
+# target exited, without reaping), "reap", and "tell TEXT" (pass a line to
+# the target and print its answer) on stdin.
+INTERMEDIATE = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    target = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    if target.stdout.readline().strip() != "ready":
+        sys.exit("target did not start")
+    print(target.pid, flush=True)
+    for line in sys.stdin:
+        if line.strip() == "zombie":
+            os.waitid(os.P_PID, target.pid, os.WEXITED | os.WNOWAIT)
+            print("zombie", flush=True)
+        elif line.strip() == "reap":
+            print(target.wait(), flush=True)
+        elif line.startswith("tell "):
+            target.stdin.write(line[5:])
+            target.stdin.flush()
+            print(target.stdout.readline().strip(), flush=True)
+    target.stdin.close()
+    if target.poll() is None:
+        target.kill()
+    target.wait()
+    """
+)
+
+SLEEPER = "import sys; print('ready', flush=True); sys.stdin.read()"
+
+LOCK_HOLDER = textwrap.dedent(
+    """
+    import sys, pylock
+    lock = pylock.Lock(sys.argv[1])
+    lock.acquire()
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() == "release":
+        lock.release()
+        print("released", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+class NonChild:
+    """A process that is not our child (its parent is an intermediate we own)."""
+
+    def __init__(self, code: str = SLEEPER, *args: str) -> None:
+        self.parent = subprocess.Popen(
+            [sys.executable, "-c", INTERMEDIATE, sys.executable, "-c", code, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env_with_repo(),
+        )
+        self.pid = int(self._line())
+
+    def _line(self) -> str:
+        assert self.parent.stdout is not None
+        line = self.parent.stdout.readline()
+        assert line, "the intermediate process failed"
+        return line.strip()
+
+    def _say(self, what: str) -> None:
+        assert self.parent.stdin is not None
+        self.parent.stdin.write(what + "\n")
+        self.parent.stdin.flush()
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+
+    def tell(self, text: str) -> str:
+        """Pass a line to the target; returns its one-line answer."""
+        self._say("tell " + text)
+        return self._line()
+
+    def zombify(self) -> None:
+        """Wait until the target has exited; its parent does not reap it yet."""
+        self._say("zombie")
+        assert self._line() == "zombie"
+
+    def reap(self) -> int:
+        self._say("reap")
+        return int(self._line())
+
+    def close(self) -> None:
+        if self.parent.poll() is None:
+            assert self.parent.stdin is not None
+            self.parent.stdin.close()
+            self.parent.wait(timeout=30)
+        assert self.parent.stdout is not None
+        self.parent.stdout.close()
+
+
+@pytest.fixture
+def non_child() -> Iterator[type[NonChild]]:
+    made: list[NonChild] = []
+
+    class Tracked(NonChild):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            made.append(self)
+
+    yield Tracked
+    for nc in made:
+        nc.close()
+
+
+class Child:
+    """A child of ours that runs until its stdin closes."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SLEEPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline() == b"ready\n"
+        self.pid = self.proc.pid
+
+    def zombify(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def child() -> Iterator[Child]:
+    c = Child()
+    yield c
+    c.close()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def started(coro: Any) -> asyncio.Task[Any]:
+    """A task that has run up to its first wait: the watch is in place."""
+    task = asyncio.ensure_future(coro)
+    await asyncio.sleep(0)
+    assert not task.done(), task
+    return task
+
+
+# -- a process that is not our child -------------------------------------------
+
+
+def test_sigkill_of_a_non_child_wakes_holder_exit(non_child: type[NonChild]) -> None:
+    nc = non_child()
+
+    async def main() -> int | None:
+        task = await started(holder_exit(nc.pid))
+        nc.kill()
+        return await asyncio.wait_for(task, 60)
+
+    # Not ours, not reaped yet by its parent: the kernel cannot tell a status.
+    assert run(main()) is None
+    assert nc.reap() == -signal.SIGKILL
+
+
+def test_sigkill_of_a_non_child_wakes_wait_exit(non_child: type[NonChild]) -> None:
+    nc = non_child()
+    # The kill may land before or after wait_exit pins the process; both
+    # must end the wait.
+    killer = threading.Timer(0.05, nc.kill)
+    killer.start()
+    try:
+        assert wait_exit(nc.pid, timeout=60) is True
+    finally:
+        killer.join()
+
+
+def test_exit_status_after_reap_on_kernels_with_pidfd_info_exit(
+    non_child: type[NonChild],
+) -> None:
+    if not PINNING:
+        pytest.skip("pinning (pidfd_open) is refused here")
+    nc = non_child()
+    pinned = _process.pin(nc.pid)
+    assert pinned is not None
+    try:
+        nc.kill()
+        nc.zombify()
+        assert pinned.exited()
+        assert pinned.returncode() is None  # not ours and not reaped
+        assert nc.reap() == -signal.SIGKILL
+        release = tuple(int(x) for x in os.uname().release.split(".")[:2])
+        expected = -signal.SIGKILL if release >= (6, 15) else None
+        assert pinned.returncode() == expected
+    finally:
+        pinned.close()
+
+
+def test_a_non_child_zombie_reads_as_exited(non_child: type[NonChild]) -> None:
+    nc = non_child()
+    nc.kill()
+    nc.zombify()
+    assert wait_exit(nc.pid, timeout=0) is True
+    assert run(holder_exit(nc.pid, timeout=0)) is None
+    assert not _process.is_alive(_process.ProcessIdentity(nc.pid, 0, ""))
+
+
+# -- children of the caller ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("code", "expected"), [("pass", 0), ("raise SystemExit(3)", 3)])
+def test_a_childs_status_is_reported_and_popen_still_reaps_it(code: str, expected: int) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    assert run(holder_exit(proc.pid, timeout=60)) == expected
+    assert proc.wait(timeout=60) == expected
+    assert proc.returncode == expected
+
+
+def test_a_killed_childs_status_is_minus_the_signal(child: Child) -> None:
+    async def main() -> int | None:
+        task = await started(holder_exit(child.pid))
+        child.proc.send_signal(signal.SIGKILL)
+        return await asyncio.wait_for(task, 60)
+
+    assert run(main()) == -signal.SIGKILL
+    assert child.proc.wait() == -signal.SIGKILL
+
+
+def test_wait_exit_on_a_child_does_not_reap_it(child: Child) -> None:
+    threading.Timer(0.05, child.proc.terminate).start()
+    assert wait_exit(child.pid, timeout=60) is True
+    assert child.proc.wait(timeout=60) == -signal.SIGTERM
+
+
+def test_a_child_zombie_reads_as_exited(child: Child) -> None:
+    child.zombify()
+    assert wait_exit(child.pid, timeout=0) is True
+    assert run(holder_exit(child.pid, timeout=0)) == 0
+    assert child.proc.wait() == 0
+
+
+def test_a_pid_that_is_gone_has_exited() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert wait_exit(proc.pid, timeout=0) is True
+    assert run(holder_exit(proc.pid)) is None
+
+
+# -- timeouts, cancellation, errors ----------------------------------------------
+
+
+def test_timeouts(child: Child) -> None:
+    with pytest.raises(TimeoutError, match=f"pid {child.pid} did not exit within"):
+        run(holder_exit(child.pid, timeout=0.05))
+    with pytest.raises(TimeoutError):
+        run(holder_exit(child.pid, timeout=0))
+    assert wait_exit(child.pid, timeout=0.05) is False
+    assert wait_exit(child.pid, timeout=0) is False
+    for bad in (-1, float("nan")):
+        with pytest.raises(ValueError, match="timeout"):
+            wait_exit(child.pid, timeout=bad)
+
+
+def _selector_size(loop: asyncio.AbstractEventLoop) -> int:
+    return len(loop._selector.get_map())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kind", ["child", "non-child"])
+def test_cancellation_and_timeouts_leak_nothing(kind: str, non_child: type[NonChild]) -> None:
+    target = Child() if kind == "child" else non_child()
+    rounds = 500
+
+    async def main() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        # Warm up whatever is created once per process (the SIGCHLD wakeup).
+        with pytest.raises(TimeoutError):
+            await holder_exit(target.pid, timeout=0.001)
+        fds, readers, threads = open_fds(), _selector_size(loop), threading.active_count()
+        for _ in range(rounds):
+            task = await started(holder_exit(target.pid))
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        for _ in range(rounds):
+            with pytest.raises(TimeoutError):
+                await holder_exit(target.pid, timeout=0.0005)
+        for _ in range(rounds):
+            assert wait_exit(target.pid, timeout=0) is False
+        assert threading.active_count() == threads
+        assert _selector_size(loop) == readers
+        return len(open_fds() - fds), len(fds - open_fds())
+
+    try:
+        assert run(main()) == (0, 0)
+    finally:
+        if isinstance(target, Child):
+            target.close()
+
+
+def test_invalid_targets() -> None:
+    with open("/proc/sys/kernel/pid_max") as f:
+        pid_max = int(f.read())
+    for pid in (0, -1, pid_max + 1):
+        with pytest.raises(ValueError, match="not a process id"):
+            wait_exit(pid)
+        with pytest.raises(ValueError, match="not a process id"):
+            run(holder_exit(pid))
+    with pytest.raises(ValueError, match="calling process"):
+        wait_exit(os.getpid())
+    with pytest.raises(ValueError, match="calling process"):
+        run(holder_exit(os.getpid()))
+    with pytest.raises(TypeError):
+        wait_exit("123")  # type: ignore[arg-type]
+
+
+# -- Lock and Holder targets -----------------------------------------------------
+
+
+def test_a_free_lock_has_no_holder_to_wait_for(lock_path: str) -> None:
+    assert wait_exit(Lock(lock_path), timeout=0) is True
+    assert run(holder_exit(Lock(lock_path))) is None
+
+
+def test_holder_exit_of_a_lock_held_by_a_child(lock_path: str) -> None:
+    holder = HolderProcess(lock_path)
+    try:
+
+        async def main() -> int | None:
+            task = await started(holder_exit(Lock(lock_path)))
+            holder.proc.kill()
+            return await asyncio.wait_for(task, 60)
+
+        assert run(main()) == -signal.SIGKILL
+        assert holder.proc.wait() == -signal.SIGKILL
+    finally:
+        holder.close()
+
+
+@pytest.mark.parametrize("form", ["async", "sync"])
+def test_the_exit_of_a_lock_holder_that_is_not_our_child(
+    form: str, lock_path: str, non_child: type[NonChild]
+) -> None:
+    nc = non_child(LOCK_HOLDER, lock_path)
+    found = Lock(lock_path).holder()
+    assert found is not None and found.pid == nc.pid
+
+    async def main() -> int | None:
+        task = await started(holder_exit(Lock(lock_path)))
+        nc.kill()
+        return await asyncio.wait_for(task, 60)
+
+    if form == "async":
+        assert run(main()) is None
+    else:
+        killer = threading.Timer(0.05, nc.kill)
+        killer.start()
+        try:
+            assert wait_exit(Lock(lock_path), timeout=60) is True
+        finally:
+            killer.join()
+    assert wait_exit(found, timeout=0) is True
+    assert Lock(lock_path).holder() is None
+
+
+def test_a_holder_that_releases_but_lives_on_has_not_exited(
+    lock_path: str, non_child: type[NonChild]
+) -> None:
+    nc = non_child(LOCK_HOLDER, lock_path)
+    lock = Lock(lock_path)
+    found = lock.holder()
+    assert found is not None
+
+    async def main() -> None:
+        task = await started(holder_exit(lock, timeout=0.5))
+        assert nc.tell("release") == "released"
+        with pytest.raises(TimeoutError):
+            await task
+        assert wait_exit(found, timeout=0.1) is False
+        task = await started(holder_exit(found))
+        nc.kill()
+        assert await asyncio.wait_for(task, 60) is None
+
+    run(main())
+
+
+def test_holder_targets(child: Child) -> None:
+    ident = _process.identity_of(child.pid)
+    assert ident is not None
+    holder = Holder(
+        pid=ident.pid,
+        start_time=ident.start_time,
+        boot_id=ident.boot_id,
+        pidfs_ino=ident.pidfs_ino,
+        hostname=socket.gethostname(),
+    )
+    assert wait_exit(holder, timeout=0) is False
+    # The pid is alive but it is another process than the record names.
+    impostor = dataclasses.replace(holder, start_time=ident.start_time + 1, pidfs_ino=0)
+    assert wait_exit(impostor, timeout=0) is True
+    assert run(holder_exit(impostor)) is None
+    if ident.pidfs_ino:
+        other = dataclasses.replace(holder, pidfs_ino=ident.pidfs_ino + 1)
+        assert wait_exit(other, timeout=0) is True
+    # Recorded during an earlier boot of this machine: long gone.
+    earlier = dataclasses.replace(holder, boot_id="00000000-0000-0000-0000-000000000000")
+    assert wait_exit(earlier, timeout=0) is True
+    # On another machine: nothing here can tell.
+    remote = dataclasses.replace(earlier, hostname="elsewhere.invalid")
+    with pytest.raises(ValueError, match="another machine"):
+        wait_exit(remote)
+    with pytest.raises(ValueError, match="no process id"):
+        wait_exit(Holder(pid=0))
+    me = _process.self_identity()
+    with pytest.raises(ValueError, match="calling process"):
+        wait_exit(Holder(pid=me.pid, start_time=me.start_time, boot_id=me.boot_id))
+
+    async def main() -> int | None:
+        task = await started(holder_exit(holder))
+        child.proc.kill()
+        return await asyncio.wait_for(task, 60)
+
+    assert run(main()) == -signal.SIGKILL
+    assert not holder.alive()
+
+
+# -- many processes from one loop -------------------------------------------------
+
+
+def _sleepers(n: int) -> list[subprocess.Popen[bytes]]:
+    return [subprocess.Popen(["sleep", "3600"]) for _ in range(n)]
+
+
+def test_exit_watcher_delivers_each_exit_as_it_happens() -> None:
+    procs = _sleepers(100)
+    try:
+
+        async def main() -> None:
+            fds = open_fds()
+            watcher = ExitWatcher()
+            futures = {p.pid: watcher.watch(p.pid) for p in procs}
+            assert len(watcher) == len(procs)
+            order = list(procs)
+            random.shuffle(order)
+            for p in order:
+                p.kill()
+                ended = await asyncio.wait_for(watcher.next_exit(), 60)
+                assert ended == ProcessExit(p.pid, -signal.SIGKILL, p.pid)
+                assert futures[p.pid].result() == -signal.SIGKILL
+            assert len(watcher) == 0
+            assert [e async for e in watcher] == []
+            with pytest.raises(LookupError):
+                await watcher.next_exit()
+            watcher.close()
+            assert open_fds() <= fds
+
+        run(main())
+        for p in procs:
+            assert p.wait() == -signal.SIGKILL  # still theirs to reap
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_exit_watcher_sees_simultaneous_exits_callbacks_and_unwatch() -> None:
+    procs = _sleepers(60)
+    try:
+
+        async def main() -> None:
+            fds = open_fds()
+            seen: list[ProcessExit] = []
+            everything = asyncio.get_running_loop().create_future()
+
+            def on_exit(ended: ProcessExit) -> None:
+                seen.append(ended)
+                if len(seen) == 50:
+                    everything.set_result(None)
+
+            async with ExitWatcher(on_exit=on_exit) as watcher:
+                for p in procs:
+                    watcher.watch(p.pid)
+                kept = procs[:50]
+                assert sum(watcher.unwatch(p.pid) for p in procs[50:]) == 10
+                assert len(watcher) == 50
+                for p in kept:  # all at once: SIGCHLD coalesces in the fallback
+                    p.kill()
+                await asyncio.wait_for(everything, 60)
+                assert sorted(e.pid for e in seen) == sorted(p.pid for p in kept)
+                assert {e.returncode for e in seen} == {-signal.SIGKILL}
+                watcher.watch(procs[-1].pid)
+            assert len(watcher) == 0  # closed: its watches ended
+            assert open_fds() <= fds
+            with pytest.raises(RuntimeError, match="closed"):
+                watcher.watch(procs[-1].pid)
+
+        run(main())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_exit_watcher_futures_cancel_cleanly() -> None:
+    procs = _sleepers(20)
+    try:
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            fds, readers = open_fds(), _selector_size(loop)
+            watcher = ExitWatcher()
+            futures = [watcher.watch(p.pid) for p in procs]
+            for f in futures:
+                f.cancel()
+            await asyncio.sleep(0)
+            assert len(watcher) == 0
+            assert open_fds() <= fds
+            assert _selector_size(loop) == readers
+
+        run(main())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+# -- pid reuse in a private pid namespace -------------------------------------------
+
+PID_REUSE = textwrap.dedent(
+    """
+    import asyncio, json, os, subprocess, sys, time
+    import pylock
+    from pylock import _process
+    from tests.support.pidns import reap, spawn_at, start_time_of
+
+    launcher = json.loads(sys.argv[1])
+    PID = 500
+    out = {"pinning": _process.pinning_available()}
+
+    def sleeper(pid):
+        return spawn_at(pid, [sys.executable, "-c", "import signal; signal.pause()"])
+
+    def past_start_tick(pid):
+        # Without pidfs only the start time (10 ms ticks) tells a recycled pid
+        # apart: let the victim's tick pass so the impostor starts in another.
+        tick = start_time_of(pid)
+        hz = os.sysconf("SC_CLK_TCK")
+        while int(time.clock_gettime(time.CLOCK_BOOTTIME) * hz) <= tick + 1:
+            time.sleep(0.002)
+
+    # 1. A child of ours is watched; it dies, its owner reaps it and an
+    #    unrelated process gets its pid before the loop looks again.
+    async def attached_then_recycled():
+        victim = sleeper(PID)
+        before = start_time_of(PID)
+        task = asyncio.ensure_future(pylock.holder_exit(PID))
+        await asyncio.sleep(0)
+        past_start_tick(PID)
+        victim.kill()
+        victim.wait()
+        impostor = sleeper(PID)
+        assert start_time_of(PID) != before, "victim and impostor share a start tick"
+        rc = await asyncio.wait_for(task, 30)
+        alive = impostor.poll() is None
+        impostor.kill()
+        impostor.wait()
+        return {"rc": rc, "impostor_alive": alive}
+    out["attached"] = asyncio.run(attached_then_recycled())
+
+    # 2. A record is read, the process dies and its pid is recycled before
+    #    anyone watches: the watch must report the recorded process exited.
+    victim = sleeper(PID)
+    record = _process.identity_of(PID)
+    holder = pylock.Holder(pid=PID, start_time=record.start_time, boot_id=record.boot_id,
+                           pidfs_ino=record.pidfs_ino)
+    past_start_tick(PID)
+    victim.kill()
+    victim.wait()
+    impostor = sleeper(PID)
+    assert start_time_of(PID) != record.start_time
+    out["recycled_before"] = {
+        "wait_exit": pylock.wait_exit(holder, timeout=30),
+        "holder_exit": asyncio.run(pylock.holder_exit(holder, timeout=30)),
+        "alive": holder.alive(),
+        "impostor_alive": impostor.poll() is None,
+    }
+    impostor.kill()
+    impostor.wait()
+
+    # 3. A process that is not the watcher's child: the watcher runs in its
+    #    own process (under the launcher), the victim is a sibling.
+    victim = sleeper(PID)
+    record = _process.identity_of(PID)
+    watcher = subprocess.Popen(
+        launcher + [sys.executable, "-c", sys.argv[2],
+                    json.dumps([PID, record.start_time, record.boot_id, record.pidfs_ino])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert watcher.stdout.readline().strip() == "watching"
+    past_start_tick(PID)
+    victim.kill()
+    victim.wait()
+    impostor = sleeper(PID)
+    assert start_time_of(PID) != record.start_time
+    watcher.stdin.write("go\\n")
+    watcher.stdin.flush()
+    result = json.loads(watcher.stdout.readline())
+    watcher.wait()
+    result["impostor_alive"] = impostor.poll() is None
+    out["non_child"] = result
+    impostor.kill()
+    impostor.wait()
+    print(json.dumps(out))
+    """
+)
+
+
+# The watcher of case 3, a sibling of the victim.
+PID_REUSE_WATCHER = textwrap.dedent(
+    """
+    import asyncio, json, sys, pylock
+    from pylock import _process
+    pid, start, boot, ino = json.loads(sys.argv[1])
+    holder = pylock.Holder(pid=pid, start_time=start, boot_id=boot, pidfs_ino=ino)
+    async def main():
+        task = asyncio.ensure_future(pylock.holder_exit(holder))
+        await asyncio.sleep(0)
+        print("watching", flush=True)
+        sys.stdin.readline()
+        rc = await asyncio.wait_for(task, 30)
+        return {"rc": rc, "sync": pylock.wait_exit(holder, timeout=30),
+                "pinning": _process.pinning_available()}
+    print(json.dumps(asyncio.run(main())), flush=True)
+    """
+)
+
+
+def _pid_reuse(launcher: list[str]) -> Any:
+    reason = pidns.available()
+    if reason is not None:
+        pytest.skip(reason)
+    argv = pidns.pidns_command(
+        [sys.executable, "-c", PID_REUSE, json.dumps(launcher), PID_REUSE_WATCHER]
+    )
+    proc = subprocess.run(
+        launcher + argv,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env_with_repo(),
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("path", ["as-is", "fallback"])
+def test_a_recycled_pid_never_captures_the_watch(path: str) -> None:
+    launcher = SECCOMP if path == "fallback" else []
+    out = _pid_reuse(launcher)
+    if path == "fallback":
+        assert out["pinning"] is False
+        assert out["non_child"]["pinning"] is False
+    # 1. Reaped by its owner before the watcher looked: no status to tell,
+    #    or (pidfd, 6.15+) the victim's own status; never the impostor's.
+    assert out["attached"]["rc"] in (None, -signal.SIGKILL)
+    assert out["attached"]["impostor_alive"] is True
+    assert out["recycled_before"] == {
+        "wait_exit": True,
+        "holder_exit": None,
+        "alive": False,
+        "impostor_alive": True,
+    }
+    assert out["non_child"]["rc"] in (None, -signal.SIGKILL)
+    assert out["non_child"]["sync"] is True
+    assert out["non_child"]["impostor_alive"] is True
+
+
+# -- the fallback's own cases, under the seccomp launcher ----------------------------
+
+FALLBACK_CASES = textwrap.dedent(
+    """
+    import asyncio, json, os, signal, subprocess, sys, threading
+    import pylock
+    from pylock import _process
+    case = sys.argv[1]
+    out = {"pinning": _process.pinning_available()}
+    if case == "signalfd":
+        # Blocked before any thread exists: blocked in every thread.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    elif case == "chained":
+        calls = []
+        signal.signal(signal.SIGCHLD, lambda *a: calls.append(1))
+    elif case == "ignored":
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+
+    def child(code):
+        return subprocess.Popen([sys.executable, "-c", code])
+
+    p = child("raise SystemExit(4)")
+    out["async"] = asyncio.run(pylock.holder_exit(p.pid, timeout=30))
+    out["popen"] = p.wait()
+    p = child("raise SystemExit(5)")
+    out["sync"] = pylock.wait_exit(p.pid, timeout=30)
+    out["popen2"] = p.wait()
+
+    async def many():
+        procs = [subprocess.Popen(["sleep", "3600"]) for _ in range(40)]
+        async with pylock.ExitWatcher() as w:
+            for q in procs:
+                w.watch(q.pid)
+            for q in procs:
+                q.kill()
+            codes = [e.returncode async for e in w]
+        for q in procs:
+            q.wait()
+        return codes
+    out["many"] = asyncio.run(many())
+    if case == "chained":
+        out["chained_calls"] = len(calls)
+    kinds = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            kinds.add(os.readlink(f"/proc/self/fd/{fd}").split(":")[0])
+        except OSError:
+            pass
+    out["fd_kinds"] = sorted(kinds)
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.parametrize("case", ["plain", "signalfd", "chained", "ignored"])
+def test_fallback_children(case: str) -> None:
+    proc = subprocess.run(
+        [*SECCOMP, sys.executable, "-c", FALLBACK_CASES, case],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env_with_repo(),
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["pinning"] is False
+    if case == "ignored":
+        # The kernel reaps children itself: no status exists, exits still seen.
+        assert (out["async"], out["sync"]) == (None, True)
+        assert out["many"] == [None] * 40
+    else:
+        assert (out["async"], out["popen"]) == (4, 4)  # read, not reaped
+        assert (out["sync"], out["popen2"]) == (True, 5)
+        assert out["many"] == [-signal.SIGKILL] * 40
+    if case == "signalfd":
+        assert "anon_inode" in out["fd_kinds"]
+    if case == "chained":
+        assert out["chained_calls"] >= 1
+
+
+def test_pylock_exports() -> None:
+    assert pylock.holder_exit is holder_exit
+    assert pylock.wait_exit is wait_exit
+    assert pylock.ExitWatcher is ExitWatcher

@@ -42,6 +42,7 @@ from ._process import (
     PinUnavailable,
     ProcessIdentity,
     check_pid,
+    has_start_identity,
     identity_of,
     pin,
     pinning_available,
@@ -117,9 +118,11 @@ def _plan_for_holder(holder: Holder, lock_path: str | None) -> _Plan:
                 "pylock can only watch processes of this machine"
             )
         return _Plan(holder.pid, ident, exited=True)  # recorded in an earlier boot
-    if same_process(ident, mine):
+    if same_process(ident, mine) or not has_start_identity(ident):
         _refuse_self(holder.pid)
-    return _Plan(holder.pid, ident, lock_path)
+    # Without a start identity (a Holder made from a bare pid), the process
+    # that has the pid now is the one to watch.
+    return _Plan(holder.pid, ident if has_start_identity(ident) else None, lock_path)
 
 
 def _plan(target: Target) -> _Plan:
@@ -214,7 +217,13 @@ class _SigchldFanout:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         while True:
-            poller.poll()
+            events = poller.poll()
+            if any(mask & (select.POLLNVAL | select.POLLERR) for _, mask in events):
+                # Someone closed pylock's descriptor: stop rather than spin.
+                log.error("pylock: the SIGCHLD wakeup descriptor %d was closed", fd)
+                with self._lock:
+                    self._thread = None
+                return
             lib.pl_sigchld_drain(fd)
             with self._lock:
                 wakes = list(self._subscribers.values())
@@ -769,8 +778,12 @@ class ExitWatcher:
             raise RuntimeError("an ExitWatcher belongs to the event loop it was first used in")
         watch = _Watch(loop, _plan(target), target)
         self._watches.add(watch)
+        try:
+            watch.start()
+        except BaseException:
+            self._watches.discard(watch)
+            raise
         watch.future.add_done_callback(lambda _future: self._done(watch))
-        watch.start()
         return watch.future
 
     def unwatch(self, pid: int) -> int:

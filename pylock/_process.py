@@ -234,14 +234,17 @@ def is_alive(identity: ProcessIdentity) -> bool:
     """Whether this very process still runs (a zombie does not), from kernel facts.
 
     A different boot_id means another boot (or machine): not alive here.
+    An identity with neither start time nor pidfs inode can only be checked
+    by its pid.
     """
     if identity.pid <= 0 or identity.pid >= 2**31:
         return False
     if identity.boot_id and identity.boot_id != self_identity().boot_id:
         return False
+    expected = identity if has_start_identity(identity) else None
     if pinning_available():
         try:
-            pinned = pin(identity.pid, identity)
+            pinned = pin(identity.pid, expected)
         except PinUnavailable:
             pinned = None
         else:
@@ -252,4 +255,9 @@ def is_alive(identity: ProcessIdentity) -> bool:
             finally:
                 pinned.close()
     now = identity_of(identity.pid)
-    return now is not None and same_process(now, identity)
+    return now is not None and (expected is None or same_process(now, expected))
+
+
+def has_start_identity(identity: ProcessIdentity) -> bool:
+    """Whether identity tells its process apart from a later owner of the pid."""
+    return bool(identity.start_time or identity.pidfs_ino)

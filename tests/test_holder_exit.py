@@ -453,6 +453,10 @@ def test_holder_targets(child: Child) -> None:
         wait_exit(remote)
     with pytest.raises(ValueError, match="no process id"):
         wait_exit(Holder(pid=0))
+    # A Holder with a pid alone: whichever process has that pid now.
+    bare = Holder(pid=child.pid)
+    assert wait_exit(bare, timeout=0) is False
+    assert bare.alive()
     me = _process.self_identity()
     with pytest.raises(ValueError, match="calling process"):
         wait_exit(Holder(pid=me.pid, start_time=me.start_time, boot_id=me.boot_id))

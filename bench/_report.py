@@ -285,9 +285,11 @@ def _death(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
         d.add(
             f"## Death notification, {n:,} processes watched at once",
             "",
-            f"One process watches {n:,} sleeping processes (not its children). Memory per watch is "
-            "the watcher's resident set growth while registering, divided by the count (kernel "
-            "objects such as pidfds are not in it). Idle CPU and wakeups (context switches of all "
+            f"One process watches {n:,} sleeping processes (not its children), each a small "
+            "program of its own (fork + exec of floor.c). Memory per watch is the watcher's "
+            "resident set growth while registering the last nine tenths, divided by their count "
+            "(the first tenth warms up what is built once; kernel objects such as pidfds are not "
+            "in it). Idle CPU and wakeups (context switches of all "
             f"its threads) are taken over {sizes.idle_s:.0f} s in which nothing exits. Then "
             f"{sizes.many_kills} of the watched processes are killed one at a time and each exit's "
             "latency is timed as above.",

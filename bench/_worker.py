@@ -170,7 +170,8 @@ def raise_nofile(need: int) -> None:
 def role_watcher(lib: str) -> None:
     """``watch PID...``: watch every pid, answer ``watching <rss before KiB>
     <rss after KiB> <n>``; each exit is reported as it happens as ``exit
-    <pid> <time>``.
+    <pid> <time>``.  ``add PID...`` is the same without starting to wait
+    (it matters only for psutil, whose wait blocks).
 
     pylock: ``holder_exit`` per pid.  pylock-many: one ``ExitWatcher`` for
     all.  pidfd: the bare baseline, ``loop.add_reader(os.pidfd_open(pid))``.
@@ -260,7 +261,7 @@ def role_watcher(lib: str) -> None:
                 if not stop.done():
                     stop.set_result(None)
                 return
-            if words[0] == "watch":
+            if words[0] in ("watch", "add"):
                 watch([int(w) for w in words[1:]])
             elif words[0] == "watchlock":
                 watch_lock(words[1], int(words[2]))
@@ -289,23 +290,29 @@ def _watch_pylock_many(
 
 
 def _watch_psutil() -> None:
+    """``add PID...`` only registers (answers like ``watch``); ``watch PID...``
+    registers and then blocks waiting for every registered process."""
     import psutil
 
     out("hello", os.getpid())
+    procs: list[psutil.Process] = []
     for words in commands():
-        if words[0] != "watch":
+        if words[0] not in ("watch", "add"):
             raise ValueError(f"watcher: unknown command {words!r}")
         pids = [int(w) for w in words[1:]]
         gc.collect()
         before = rss_kib()
-        procs = [psutil.Process(pid) for pid in pids]
+        procs.extend(psutil.Process(pid) for pid in pids)
         gc.collect()
-        out("watching", before, rss_kib(), len(procs))
+        out("watching", before, rss_kib(), len(pids))
+        if words[0] == "add":
+            continue
         if len(procs) == 1:
             procs[0].wait()
-            out("exit", pids[0], now())
+            out("exit", procs[0].pid, now())
         else:
             psutil.wait_procs(procs, callback=lambda p: out("exit", p.pid, now()))
+        procs = []
 
 
 # -- contention -------------------------------------------------------------

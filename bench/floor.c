@@ -13,7 +13,8 @@
  *   floor spawner
  *       Reads commands on stdin.  "spawn N" forks N sleepers and prints their
  *       pids on one line.  Sleepers die with the spawner (PR_SET_PDEATHSIG),
- *       and the spawner reaps each one as soon as it exits so a watcher that
+ *       each sleeper is its own small program (fork + exec), and the spawner
+ *       reaps each one as soon as it exits so a watcher that
  *       needs the pid to disappear (psutil) is not held back by a zombie.  On
  *       end of input every sleeper still alive is killed.
  */
@@ -111,6 +112,11 @@ static int spawner(void)
     if (sigaction(SIGCHLD, &sa, NULL) != 0)
         return die("sigaction");
     pid_t self = getpid();
+    char self_exe[4096];
+    ssize_t len = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+    if (len < 0)
+        return die("readlink /proc/self/exe");
+    self_exe[len] = '\0';
     sigset_t chld;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
@@ -139,8 +145,13 @@ static int spawner(void)
                 prctl(PR_SET_PDEATHSIG, SIGKILL);
                 if (getppid() != self)
                     _exit(0);
-                for (;;)
-                    pause();
+                /* A fresh address space: sleepers that merely forked would
+                 * share the spawner's anonymous pages 10,000 ways, and every
+                 * exit would then wait for rmap walks over all of them
+                 * (milliseconds under a memory monitor such as DAMON),
+                 * which is not what a watcher of real processes sees. */
+                execl(self_exe, "floor-sleeper", "sleep", (char *)NULL);
+                _exit(127);
             }
             children[n_children++] = pid;
             printf(i ? " %d" : "%d", (int)pid);
@@ -165,6 +176,9 @@ int main(int argc, char **argv)
         return uncontended(argv[2], argv[3], atol(argv[4]));
     if (argc == 2 && strcmp(argv[1], "spawner") == 0)
         return spawner();
+    if (argc == 2 && strcmp(argv[1], "sleep") == 0)
+        for (;;)
+            pause();
     fprintf(stderr,
             "usage: floor uncontended PATH RECORD_FILE ITERATIONS\n"
             "       floor spawner\n");

@@ -7,7 +7,7 @@ import math
 import random
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from run import Results, Row, Sizes
@@ -100,17 +100,24 @@ class _Doc:
         return [label, f"not measured: {msg}"] + [""] * (width - 2)
 
 
-def _get(rows: Optional[dict[str, Row]], key: str) -> Optional[Row]:
+def _get(rows: dict[str, Row] | None, key: str) -> Row | None:
     if rows is None:
         return None
     row = rows.get(key)
     return row if row is not None and row.ok else None
 
 
-def render(results: Results, machine: dict[str, str], sizes: Sizes, record_len: int, cmd: str) -> Report:
+def render(
+    results: Results, machine: dict[str, str], sizes: Sizes, record_len: int, cmd: str
+) -> Report:
     d = _Doc()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    d.add(f"# pylock benchmarks", "", f"Made by `{cmd}` on {stamp}. All figures below come from this one run.", "")
+    d.add(
+        "# pylock benchmarks",
+        "",
+        f"Made by `{cmd}` on {stamp}. All figures below come from this one run.",
+        "",
+    )
     d.add("## Machine", "")
     d.table(["", ""], [[k, v.replace("|", "\\|")] for k, v in machine.items()])
 
@@ -121,7 +128,10 @@ def render(results: Results, machine: dict[str, str], sizes: Sizes, record_len: 
 
     if "uncontended" in results:
         _uncontended(d, results["uncontended"], sizes, record_len)
-    for name, title in (("handoff", "Handoff"), ("takeover", "Takeover after SIGKILL of the holder")):
+    for name, title in (
+        ("handoff", "Handoff"),
+        ("takeover", "Takeover after SIGKILL of the holder"),
+    ):
         if name in results:
             _handoff(d, name, title, results[name], sizes)
     if "death" in results:
@@ -134,13 +144,17 @@ def render(results: Results, machine: dict[str, str], sizes: Sizes, record_len: 
 
 
 def _ratio_target(
-    what: str, num: Optional[Row], den: Optional[Row], limit: float, at_least: bool
-) -> Optional[list[str]]:
+    what: str, num: Row | None, den: Row | None, limit: float, at_least: bool
+) -> list[str] | None:
     if num is None or den is None:
         return [what, "not measured", "-"]
     r = median(num.samples) / median(den.samples)
     ok = r >= limit if at_least else r <= limit
-    return [what, f"{r:.2f}x ({fmt_ns(median(num.samples))} / {fmt_ns(median(den.samples))})", "yes" if ok else "**no**"]
+    return [
+        what,
+        f"{r:.2f}x ({fmt_ns(median(num.samples))} / {fmt_ns(median(den.samples))})",
+        "yes" if ok else "**no**",
+    ]
 
 
 def _targets(results: Results) -> list[list[str]]:
@@ -149,40 +163,128 @@ def _targets(results: Results) -> list[list[str]]:
     h = results.get("handoff")
     dth = results.get("death")
     if u is not None:
-        out.append(_ratio_target("uncontended: pylock / Python floor <= 1.5x", _get(u, "pylock"), _get(u, "floor"), 1.5, False))  # type: ignore[arg-type]
-        out.append(_ratio_target("uncontended: pylock / C floor <= 1.5x", _get(u, "pylock"), _get(u, "floor-c"), 1.5, False))  # type: ignore[arg-type]
-        out.append(_ratio_target("uncontended: filelock / pylock >= 25x", _get(u, "filelock"), _get(u, "pylock"), 25, True))  # type: ignore[arg-type]
+        out.append(
+            _ratio_target(
+                "uncontended: pylock / Python floor <= 1.5x",
+                _get(u, "pylock"),
+                _get(u, "floor"),
+                1.5,
+                False,
+            )
+        )  # type: ignore[arg-type]
+        out.append(
+            _ratio_target(
+                "uncontended: pylock / C floor <= 1.5x",
+                _get(u, "pylock"),
+                _get(u, "floor-c"),
+                1.5,
+                False,
+            )
+        )  # type: ignore[arg-type]
+        out.append(
+            _ratio_target(
+                "uncontended: filelock / pylock >= 25x",
+                _get(u, "filelock"),
+                _get(u, "pylock"),
+                25,
+                True,
+            )
+        )  # type: ignore[arg-type]
     if h is not None:
-        out.append(_ratio_target("handoff sync: pylock / floor <= 1.5x", _get(h, "pylock"), _get(h, "floor"), 1.5, False))  # type: ignore[arg-type]
-        out.append(_ratio_target("handoff async: pylock / async floor <= 1.5x", _get(h, "pylock-async"), _get(h, "floor-async"), 1.5, False))  # type: ignore[arg-type]
-        out.append(_ratio_target("handoff sync: filelock / pylock >= 20x", _get(h, "filelock"), _get(h, "pylock"), 20, True))  # type: ignore[arg-type]
-        out.append(_ratio_target("handoff async: AsyncFileLock / pylock async >= 20x", _get(h, "filelock-async"), _get(h, "pylock-async"), 20, True))  # type: ignore[arg-type]
+        out.append(
+            _ratio_target(
+                "handoff sync: pylock / floor <= 1.5x",
+                _get(h, "pylock"),
+                _get(h, "floor"),
+                1.5,
+                False,
+            )
+        )  # type: ignore[arg-type]
+        out.append(
+            _ratio_target(
+                "handoff async: pylock / async floor <= 1.5x",
+                _get(h, "pylock-async"),
+                _get(h, "floor-async"),
+                1.5,
+                False,
+            )
+        )  # type: ignore[arg-type]
+        out.append(
+            _ratio_target(
+                "handoff sync: filelock / pylock >= 20x",
+                _get(h, "filelock"),
+                _get(h, "pylock"),
+                20,
+                True,
+            )
+        )  # type: ignore[arg-type]
+        out.append(
+            _ratio_target(
+                "handoff async: AsyncFileLock / pylock async >= 20x",
+                _get(h, "filelock-async"),
+                _get(h, "pylock-async"),
+                20,
+                True,
+            )
+        )  # type: ignore[arg-type]
     if dth is not None:
-        out.append(_ratio_target("death notification: pylock / bare pidfd <= 1.5x", _get(dth, "one:pylock"), _get(dth, "one:pidfd"), 1.5, False))  # type: ignore[arg-type]
+        out.append(
+            _ratio_target(
+                "death notification: pylock / bare pidfd <= 1.5x",
+                _get(dth, "one:pylock"),
+                _get(dth, "one:pidfd"),
+                1.5,
+                False,
+            )
+        )  # type: ignore[arg-type]
         many = _get(dth, "many:pylock-many") or _get(dth, "many:pylock")
         if many is not None:
-            n = many.extra.get("n", "")
+            many.extra.get("n", "")
             name = "ExitWatcher" if many is _get(dth, "many:pylock-many") else "holder_exit tasks"
-            out.append(_ratio_target(f"many watched ({name}): latency / 1 watched <= 2x", many, _get(dth, "one:pylock"), 2, False))  # type: ignore[arg-type]
+            out.append(
+                _ratio_target(
+                    f"many watched ({name}): latency / 1 watched <= 2x",
+                    many,
+                    _get(dth, "one:pylock"),
+                    2,
+                    False,
+                )
+            )  # type: ignore[arg-type]
             bpw = many.extra.get("bytes_per_watch", math.nan)
-            out.append([f"many watched ({name}): memory per watch < 2 KiB", f"{bpw:.0f} B", "yes" if bpw < 2048 else "**no**"])
+            out.append(
+                [
+                    f"many watched ({name}): memory per watch < 2 KiB",
+                    f"{bpw:.0f} B",
+                    "yes" if bpw < 2048 else "**no**",
+                ]
+            )
             cpu = many.extra.get("idle_cpu_pct", math.nan)
             wk = many.extra.get("idle_wakeups_s", math.nan)
-            out.append([
-                f"many watched ({name}): no CPU while idle",
-                f"{cpu:.3f}% of a core, {wk:.1f} wakeups/s",
-                "yes" if cpu < 0.1 and wk < 1 else "**no**",
-            ])
+            out.append(
+                [
+                    f"many watched ({name}): no CPU while idle",
+                    f"{cpu:.3f}% of a core, {wk:.1f} wakeups/s",
+                    "yes" if cpu < 0.1 and wk < 1 else "**no**",
+                ]
+            )
         else:
             out.append(["many watched: latency, memory, idle CPU", "not measured", "-"])
     return [t for t in out if t is not None]
 
 
 def _latency_table(
-    d: _Doc, section: str, rows: dict[str, Row], order: list[tuple[str, str, Optional[str], bool]], with_max: bool
+    d: _Doc,
+    section: str,
+    rows: dict[str, Row],
+    order: list[tuple[str, str, str | None, bool]],
+    with_max: bool,
 ) -> None:
     """order: (key, label, pylock key to compare with or None, compare as floor)."""
-    head = ["", "median", "p99"] + (["max"] if with_max else []) + ["trials", "pylock vs this (medians)"]
+    head = (
+        ["", "median", "p99"]
+        + (["max"] if with_max else [])
+        + ["trials", "pylock vs this (medians)"]
+    )
     out = []
     for key, label, ref, is_floor in order:
         row = rows.get(key)
@@ -213,14 +315,19 @@ def _uncontended(d: _Doc, rows: dict[str, Row], sizes: Sizes, record_len: int) -
         "",
         f"One process, nobody else on the lock: acquire then release, each pair timed alone "
         f"(CLOCK_MONOTONIC around the pair), {sizes.uncontended} pairs per Python library in "
-        f"{sizes.rounds} interleaved rounds, {sizes.uncontended_c} for the C loop. pylock writes its "
-        f"{record_len}-byte holder record on every acquire; the floors `pwrite` the same bytes on an "
+        f"{sizes.rounds} interleaved rounds, {sizes.uncontended_c} for the C loop. pylock "
+        "writes its "
+        f"{record_len}-byte holder record on every acquire; the floors `pwrite` the same bytes "
+        "on an "
         "already-open descriptor between `flock(LOCK_EX)` and `flock(LOCK_UN)`. The peers do what "
         "they do by default (filelock and portalocker open and close the file each time and write "
         "no record).",
         "",
     )
-    order = [(k, LABELS[k], "pylock", k.startswith("floor")) for k in ("pylock", "floor", "floor-c", "filelock", "fasteners", "portalocker")]
+    order = [
+        (k, LABELS[k], "pylock", k.startswith("floor"))
+        for k in ("pylock", "floor", "floor-c", "filelock", "fasteners", "portalocker")
+    ]
     _latency_table(d, "uncontended", rows, order, with_max=False)
 
 
@@ -228,7 +335,8 @@ def _handoff(d: _Doc, name: str, title: str, rows: dict[str, Row], sizes: Sizes)
     lo, hi = sizes.block_ms
     if name == "handoff":
         how = (
-            "The holder (another process) calls release; the time from just before that call to the "
+            "The holder (another process) calls release; the time from just before that call "
+            "to the "
             "moment acquire returns in the waiting process"
         )
     else:
@@ -239,7 +347,8 @@ def _handoff(d: _Doc, name: str, title: str, rows: dict[str, Row], sizes: Sizes)
     d.add(
         f"## {title}",
         "",
-        f"{how}, both CLOCK_MONOTONIC. Before each trial the waiter has been blocked in acquire for "
+        f"{how}, both CLOCK_MONOTONIC. Before each trial the waiter has been blocked in acquire "
+        "for "
         f"a random {lo:.0f}-{hi:.0f} ms (uniform), so no poll schedule lines up with the release. "
         "Trials go round-robin over the libraries. Sync rows compare with pylock's blocking "
         "`acquire()`, async rows with `await acquire_async()`.",
@@ -261,10 +370,14 @@ def _death(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
         d.add(
             "## Death notification, one process watched",
             "",
-            "A process that is not the watcher's child is watched, then killed with SIGKILL after a "
-            f"random {lo:.0f}-{hi:.0f} ms; the time from just before `kill()` to the watcher's await "
-            "(or blocking wait) returning. `holder_exit(lock)` watches the process holding a pylock "
-            "lock. The fallback rows run the watcher under a seccomp filter that makes `pidfd_open` "
+            "A process that is not the watcher's child is watched, then killed with SIGKILL "
+            "after a "
+            f"random {lo:.0f}-{hi:.0f} ms; the time from just before `kill()` to the watcher's "
+            "await "
+            "(or blocking wait) returning. `holder_exit(lock)` watches the process holding a "
+            "pylock "
+            "lock. The fallback rows run the watcher under a seccomp filter that makes "
+            "`pidfd_open` "
             "fail with ENOSYS (`python -m tests.support.seccomp`), as on kernels before 5.3; they "
             "are compared with pylock's pidfd path. The processes watched by pid are tiny C "
             "sleepers; the lock holders are forked Python processes, whose exit takes the kernel "
@@ -295,7 +408,15 @@ def _death(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
             "latency is timed as above.",
             "",
         )
-        head = ["", "exit latency median", "p99", "memory per watch", "idle CPU", "idle wakeups", "registering"]
+        head = [
+            "",
+            "exit latency median",
+            "p99",
+            "memory per watch",
+            "idle CPU",
+            "idle wakeups",
+            "registering",
+        ]
         out = []
         for key in ("pylock-many", "pylock", "pidfd", "psutil", "fallback-many", "fallback"):
             row = many.get(key)
@@ -306,7 +427,11 @@ def _death(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
             if row.error is not None or "bytes_per_watch" not in x:
                 out.append(d.error_row("death many", row, len(head), label))
                 continue
-            lat = [fmt_ns(median(row.samples)), fmt_ns(p99(row.samples))] if row.samples else ["-", "-"]
+            lat = (
+                [fmt_ns(median(row.samples)), fmt_ns(p99(row.samples))]
+                if row.samples
+                else ["-", "-"]
+            )
             out.append(
                 [
                     label,
@@ -325,9 +450,10 @@ def _contention(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
         "## Contention throughput",
         "",
         f"N processes (or 64 asyncio tasks in one process, each with its own lock object) take one "
-        f"lock in a loop for {sizes.contention_s:.0f} s; critical sections per second, all together. "
+        f"lock in a loop for {sizes.contention_s:.0f} s; critical sections per second, all "
+        "together. "
         "The critical section increments a counter in shared memory non-atomically and checks an "
-        "\"inside\" flag, so a lock that fails to exclude shows up as overlaps and lost updates "
+        '"inside" flag, so a lock that fails to exclude shows up as overlaps and lost updates '
         "(the tasks' critical section yields to the loop once while holding). Async rows: pylock "
         "`acquire_async`, filelock `AsyncFileLock`, fasteners run in a thread (it has no asyncio "
         "API), and the async floor.",
@@ -343,9 +469,12 @@ def _contention(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
         if base not in libs:
             libs.append(base)
 
-    def cell(lib: str, cfg: str) -> tuple[str, Optional[float]]:
+    def cell(lib: str, cfg: str) -> tuple[str, float | None]:
         for key, row in rows.items():
-            if key.split(" ", 1)[1] != cfg or row.lib.replace("-async", "").replace("-thread", "") != lib:
+            if (
+                key.split(" ", 1)[1] != cfg
+                or row.lib.replace("-async", "").replace("-thread", "") != lib
+            ):
                 continue
             if not row.ok:
                 d.failed.append(f"contention: {key}")
@@ -359,7 +488,7 @@ def _contention(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
         return "", None
 
     out = []
-    rates: dict[tuple[str, str], Optional[float]] = {}
+    rates: dict[tuple[str, str], float | None] = {}
     for lib in libs:
         cells = []
         for cfg in configs:
@@ -382,11 +511,18 @@ def _imports(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
     d.add(
         "## Import time",
         "",
-        f"`import <module>` timed inside a fresh interpreter (warm bytecode cache), {sizes.imports} "
+        "`import <module>` timed inside a fresh interpreter (warm bytecode cache), "
+        f"{sizes.imports} "
         "runs each, alternating.",
         "",
     )
-    _latency_table(d, "imports", rows, [("pylock", "pylock", "pylock", False), ("filelock", "filelock", "pylock", False)], with_max=False)
+    _latency_table(
+        d,
+        "imports",
+        rows,
+        [("pylock", "pylock", "pylock", False), ("filelock", "filelock", "pylock", False)],
+        with_max=False,
+    )
 
 
 # -- plot ---------------------------------------------------------------------
@@ -400,15 +536,31 @@ def plot(results: Results, path: str, cmd: str) -> None:
 
     panels: list[tuple[str, list[tuple[str, list[float]]]]] = []
 
-    def collect(title: str, rows: Optional[dict[str, Row]], keys: list[tuple[str, str]]) -> None:
+    def collect(title: str, rows: dict[str, Row] | None, keys: list[tuple[str, str]]) -> None:
         if not rows:
             return
-        series = [(label, [x / 1e3 for x in rows[k].samples]) for k, label in keys if k in rows and rows[k].ok]
+        series = [
+            (label, [x / 1e3 for x in rows[k].samples])
+            for k, label in keys
+            if k in rows and rows[k].ok
+        ]
         if series:
             panels.append((title, series))
 
     plain = {k: v.replace("`", "") for k, v in LABELS.items()}
-    hk = [(k, plain[k]) for k in ("pylock", "floor", "pylock-async", "floor-async", "filelock", "filelock-async", "fasteners", "portalocker")]
+    hk = [
+        (k, plain[k])
+        for k in (
+            "pylock",
+            "floor",
+            "pylock-async",
+            "floor-async",
+            "filelock",
+            "filelock-async",
+            "fasteners",
+            "portalocker",
+        )
+    ]
     collect("Handoff: release -> blocked waiter returns", results.get("handoff"), hk)
     collect("Takeover: SIGKILL of holder -> waiter returns", results.get("takeover"), hk)
     death = results.get("death") or {}
@@ -418,14 +570,20 @@ def plot(results: Results, path: str, cmd: str) -> None:
     collect(
         "Death notification: SIGKILL -> watcher returns (1 watched)",
         one,
-        [(k, dl[k]) for k in ("pylock", "pidfd", "psutil", "pylock-lock", "fallback", "fallback-lock")],
+        [
+            (k, dl[k])
+            for k in ("pylock", "pidfd", "psutil", "pylock-lock", "fallback", "fallback-lock")
+        ],
     )
     n_many = next((r.extra.get("n") for r in many.values() if r.extra.get("n")), None)
     dml = {k: v.replace("`", "") for k, v in DEATH_MANY_LABELS.items()}
     collect(
         f"Death notification with {n_many or 'many'} watched",
         many,
-        [(k, dml[k]) for k in ("pylock-many", "pylock", "pidfd", "psutil", "fallback-many", "fallback")],
+        [
+            (k, dml[k])
+            for k in ("pylock-many", "pylock", "pidfd", "psutil", "fallback-many", "fallback")
+        ],
     )
     if not panels:
         return
@@ -448,7 +606,9 @@ def plot(results: Results, path: str, cmd: str) -> None:
             ax.scatter(xs, jitter, s=4, alpha=0.45, color="tab:blue", linewidths=0)
         ax.set_yticks(range(1, len(labels) + 1), labels, fontsize=8)
         ax.set_xscale("log")
-        ax.set_xlabel("microseconds (log scale); box: quartiles, whiskers: p1-p99, red: median", fontsize=8)
+        ax.set_xlabel(
+            "microseconds (log scale); box: quartiles, whiskers: p1-p99, red: median", fontsize=8
+        )
         ax.set_title(title, fontsize=10)
         ax.grid(axis="x", which="both", alpha=0.3)
     fig.suptitle(f"pylock latency distributions ({cmd})", fontsize=11)
@@ -474,7 +634,12 @@ def update_readme(path: str, markdown: str) -> None:
     body = body.replace("\n## ", "\n### ")
     if body.startswith("## "):
         body = "#" + body
-    new = text[: start + len(BEGIN)] + "\n" + body + "\n![latency distributions](latency.png)\n" + text[end:]
+    new = (
+        text[: start + len(BEGIN)]
+        + "\n"
+        + body
+        + "\n![latency distributions](latency.png)\n"
+        + text[end:]
+    )
     with open(path, "w", encoding="utf-8") as f:
         f.write(new)
-

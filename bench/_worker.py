@@ -24,7 +24,7 @@ from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _libs  # noqa: E402
+import _libs
 
 
 def now() -> int:

@@ -14,7 +14,6 @@ for what each figure means.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -22,14 +21,13 @@ import random
 import select
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
@@ -115,7 +113,8 @@ class Worker:
         self, name: str, argv: Sequence[str], prefix: Sequence[str] = (), greet: bool = True
     ) -> None:
         self.name = name
-        self._stderr = tempfile.TemporaryFile()
+        # Kept open for the worker's lifetime, read only to explain a failure.
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
         self.proc = subprocess.Popen(
             [*prefix, sys.executable, WORKER, *argv],
             stdin=subprocess.PIPE,
@@ -151,7 +150,9 @@ class Worker:
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise BenchError(f"{self.name}: no answer within {timeout:.0f} s{self._stderr_tail()}")
+                raise BenchError(
+                    f"{self.name}: no answer within {timeout:.0f} s{self._stderr_tail()}"
+                )
             ready, _, _ = select.select([fd], [], [], left)
             if ready:
                 chunk = os.read(fd, 1 << 20)
@@ -227,7 +228,7 @@ class Row:
 
     lib: str
     samples: list[float] = field(default_factory=list)  # ns, or ops/s for throughput
-    error: Optional[str] = None
+    error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -241,7 +242,7 @@ Results = dict[str, dict[str, Row]]
 def guarded(row: Row, fn: Callable[[], None]) -> None:
     try:
         fn()
-    except Exception as exc:  # noqa: BLE001 - one library failing must not hide the others
+    except Exception as exc:
         row.error = f"{type(exc).__name__}: {exc}".strip()
         print(f"  ! {row.lib}: {row.error}", file=sys.stderr)
 
@@ -276,17 +277,17 @@ def build_floor(tmp: str) -> str:
     return exe
 
 
-def python_ok(code: str) -> Optional[str]:
+def python_ok(code: str) -> str | None:
     """None when code runs in a worker's environment, else its error."""
     res = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=worker_env(), capture_output=True, text=True
     )
     if res.returncode == 0:
         return None
-    return (res.stderr.strip().splitlines() or ["exit status %d" % res.returncode])[-1]
+    return (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
 
 
-def ensure_pylock() -> Optional[str]:
+def ensure_pylock() -> str | None:
     """Build pylock's C core in place when the checkout has none yet."""
     if python_ok("import pylock._native") is not None:
         print("building pylock's C core in place (csrc/_ffi_build.py)", flush=True)
@@ -363,7 +364,7 @@ def describe_machine(tmp: str) -> dict[str, str]:
             from importlib.metadata import version
 
             versions[name] = version(name)
-        except Exception:  # noqa: BLE001
+        except Exception:
             versions[name] = "missing"
     return {
         "CPU": model,
@@ -371,7 +372,9 @@ def describe_machine(tmp: str) -> dict[str, str]:
         "memory": mem,
         "kernel": f"{platform.system()} {platform.release()} ({platform.machine()})",
         "libc": " ".join(platform.libc_ver()),
-        "Python": f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})",
+        "Python": (
+            f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})"
+        ),
         "lock files on": f"{tmp} ({fs.strip() or 'unknown'})",
         "pylock": f"checkout {commit or 'unknown'}",
         "peers": ", ".join(f"{k} {v}" for k, v in versions.items()),
@@ -542,7 +545,9 @@ def measure_death_one(ctx: Context) -> dict[str, Row]:
             watchers[v] = Worker(f"death watcher {v}", argv, prefix)
             if v.endswith("-lock"):
                 path = os.path.join(ctx.tmp, f"death-{v}.lock")
-                holders[v] = Worker(f"death holder {v}", ["holder", "pylock", path, ctx.record_path])
+                holders[v] = Worker(
+                    f"death holder {v}", ["holder", "pylock", path, ctx.record_path]
+                )
 
         guarded(rows[v], start)
     spawner = Spawner(ctx.floor)
@@ -617,7 +622,12 @@ def measure_death_many(ctx: Context) -> dict[str, Row]:
                 continue
             watcher: list[Worker] = []
             try:
-                guarded(row, lambda v=v, row=row: watch_many(ctx, v, row, pool, watcher))
+                guarded(
+                    row,
+                    lambda v=v, row=row, pool=pool, watcher=watcher: watch_many(
+                        ctx, v, row, pool, watcher
+                    ),
+                )
             finally:
                 for w in watcher:
                     w.kill()
@@ -767,7 +777,7 @@ class Context:
     record_path: str
     record_len: int
     rng: random.Random
-    pylock_error: Optional[str]
+    pylock_error: str | None
 
 
 def progress(what: str, i: int, n: int) -> None:
@@ -778,7 +788,7 @@ def progress(what: str, i: int, n: int) -> None:
 SECTIONS = ("uncontended", "handoff", "takeover", "death", "contention", "imports")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes (~2 minutes)")
     ap.add_argument("--no-install", action="store_true", help="do not pip install the bench group")
@@ -855,7 +865,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             with open(args.raw, "w") as f:
                 json.dump(
                     {
-                        s: {k: {"samples": r.samples, "error": r.error, **r.extra} for k, r in rows.items()}
+                        s: {
+                            k: {"samples": r.samples, "error": r.error, **r.extra}
+                            for k, r in rows.items()
+                        }
                         for s, rows in results.items()
                     },
                     f,

@@ -15,7 +15,14 @@ falls back, detected once per process:
 * the holder of a pylock lock (target is a Lock): a shared-lock wait on that
   lock file wakes as soon as the holder's lock goes, which is at its death.
 * any other process: its pid and start identity are checked with a backoff
-  from 1 ms doubling to 100 ms, so an exit is seen within about 100 ms.
+  from 1 ms doubling to 100 ms, so an exit is seen within about 100 ms; each
+  check reads /proc (about 20 us of CPU), so a watch costs at most ten such
+  reads a second.  Without pidfs the start identity is the start time, in
+  10 ms clock ticks: a pid recycled within the tick its first owner started
+  in cannot be told apart (with a pidfd there is no such window).
+
+A Lock target whose holder pylock cannot identify (no record, not visible in
+/proc) is waited for through the lock alone: the wait ends when it is free.
 """
 
 from __future__ import annotations

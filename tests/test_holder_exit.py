@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import json
 import os
 import random
@@ -424,6 +425,45 @@ def test_a_holder_that_releases_but_lives_on_has_not_exited(
         assert await asyncio.wait_for(task, 60) is None
 
     run(main())
+
+
+@pytest.mark.parametrize("form", ["async", "sync"])
+def test_a_lock_whose_holder_cannot_be_identified(form: str, lock_path: str) -> None:
+    # The lock is held by an open file description that no process has in
+    # its table (it is in flight in a unix socket) and there is no record:
+    # nobody can be named, so the wait is on the lock itself.
+    sender, receiver = socket.socketpair(socket.AF_UNIX)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    socket.send_fds(sender, [b"x"], [fd])
+    os.close(fd)
+
+    def drop() -> None:  # closing the receiver frees the description
+        receiver.close()
+        sender.close()
+
+    try:
+        holder = Lock(lock_path).holder()
+        assert holder is not None and holder.pid == 0
+        assert wait_exit(Lock(lock_path), timeout=0.05) is False
+        if form == "async":
+
+            async def main() -> int | None:
+                task = await started(holder_exit(Lock(lock_path)))
+                drop()
+                return await asyncio.wait_for(task, 60)
+
+            assert run(main()) is None
+        else:
+            dropper = threading.Timer(0.05, drop)
+            dropper.start()
+            try:
+                assert wait_exit(Lock(lock_path), timeout=60) is True
+            finally:
+                dropper.join()
+        assert Lock(lock_path).holder() is None
+    finally:
+        drop()
 
 
 def test_holder_targets(child: Child) -> None:

@@ -414,8 +414,14 @@ class _Watch:
         if pinned is not None and not self.future.done() and pinned.exited():
             self._finish(pinned.returncode())
 
+    def _end_thread_wait(self) -> None:
+        """Join the waiting thread and free its waiter (it may have ended already)."""
+        if self._thread_wait is not None:
+            wait, self._thread_wait = self._thread_wait, None
+            wait.cancel()
+
     def _on_thread_exit(self, rc: int) -> None:
-        self._thread_wait = None
+        self._end_thread_wait()
         pinned = self._pinned
         if pinned is None or self.future.done():
             return
@@ -508,7 +514,7 @@ class _Watch:
         )
 
     def _on_lock_free(self, rc: int) -> None:
-        self._thread_wait = None
+        self._end_thread_wait()
         self._close_lock()
         if self.future.done():
             return
@@ -550,9 +556,7 @@ class _Watch:
             fd, self._fd = self._fd, None
             if not self.loop.is_closed():
                 self.loop.remove_reader(fd)
-        if self._thread_wait is not None:
-            wait, self._thread_wait = self._thread_wait, None
-            wait.cancel()
+        self._end_thread_wait()
         self._close_lock()
         if self._pinned is not None:
             pinned, self._pinned = self._pinned, None

@@ -29,6 +29,7 @@ DEATH_LABELS = {
     "pylock-lock": "pylock `holder_exit(lock)`",
     "pylock-many": "pylock `ExitWatcher`",
     "pidfd": "bare `loop.add_reader(os.pidfd_open(pid))`",
+    "pidfd-await": "bare `await` of a future set by `loop.add_reader(os.pidfd_open(pid))`",
     "psutil": "psutil `Process(pid).wait()`",
     "fallback": "pylock fallback, pidfd blocked: `holder_exit(pid)`",
     "fallback-lock": "pylock fallback, pidfd blocked: `holder_exit(lock)`",
@@ -145,131 +146,82 @@ def render(
 
 def _ratio_target(
     what: str, num: Row | None, den: Row | None, limit: float, at_least: bool
-) -> list[str] | None:
+) -> list[str]:
     if num is None or den is None:
         return [what, "not measured", "-"]
     r = median(num.samples) / median(den.samples)
     ok = r >= limit if at_least else r <= limit
-    return [
-        what,
-        f"{r:.2f}x ({fmt_ns(median(num.samples))} / {fmt_ns(median(den.samples))})",
-        "yes" if ok else "**no**",
-    ]
+    shown = f"{r:.2f}x ({fmt_ns(median(num.samples))} / {fmt_ns(median(den.samples))})"
+    return [what, shown, "yes" if ok else "**no**"]
+
+
+# (section, what, numerator key, denominator key, limit, at least)
+RATIO_TARGETS = [
+    ("uncontended", "uncontended: pylock / Python floor <= 1.5x", "pylock", "floor", 1.5, False),
+    ("uncontended", "uncontended: pylock / C floor <= 1.5x", "pylock", "floor-c", 1.5, False),
+    ("uncontended", "uncontended: filelock / pylock >= 25x", "filelock", "pylock", 25, True),
+    ("handoff", "handoff sync: pylock / floor <= 1.5x", "pylock", "floor", 1.5, False),
+    (
+        "handoff",
+        "handoff async: pylock / async floor <= 1.5x",
+        "pylock-async",
+        "floor-async",
+        1.5,
+        False,
+    ),
+    ("handoff", "handoff sync: filelock / pylock >= 20x", "filelock", "pylock", 20, True),
+    (
+        "handoff",
+        "handoff async: AsyncFileLock / pylock async >= 20x",
+        "filelock-async",
+        "pylock-async",
+        20,
+        True,
+    ),
+    (
+        "death",
+        "death notification: pylock / bare pidfd <= 1.5x",
+        "one:pylock",
+        "one:pidfd-await",
+        1.5,
+        False,
+    ),
+]
 
 
 def _targets(results: Results) -> list[list[str]]:
     out: list[list[str]] = []
-    u = results.get("uncontended")
-    h = results.get("handoff")
+    for section, what, num, den, limit, at_least in RATIO_TARGETS:
+        rows = results.get(section)
+        if rows is not None:
+            out.append(_ratio_target(what, _get(rows, num), _get(rows, den), limit, at_least))
     dth = results.get("death")
-    if u is not None:
-        out.append(
-            _ratio_target(
-                "uncontended: pylock / Python floor <= 1.5x",
-                _get(u, "pylock"),
-                _get(u, "floor"),
-                1.5,
-                False,
-            )
-        )  # type: ignore[arg-type]
-        out.append(
-            _ratio_target(
-                "uncontended: pylock / C floor <= 1.5x",
-                _get(u, "pylock"),
-                _get(u, "floor-c"),
-                1.5,
-                False,
-            )
-        )  # type: ignore[arg-type]
-        out.append(
-            _ratio_target(
-                "uncontended: filelock / pylock >= 25x",
-                _get(u, "filelock"),
-                _get(u, "pylock"),
-                25,
-                True,
-            )
-        )  # type: ignore[arg-type]
-    if h is not None:
-        out.append(
-            _ratio_target(
-                "handoff sync: pylock / floor <= 1.5x",
-                _get(h, "pylock"),
-                _get(h, "floor"),
-                1.5,
-                False,
-            )
-        )  # type: ignore[arg-type]
-        out.append(
-            _ratio_target(
-                "handoff async: pylock / async floor <= 1.5x",
-                _get(h, "pylock-async"),
-                _get(h, "floor-async"),
-                1.5,
-                False,
-            )
-        )  # type: ignore[arg-type]
-        out.append(
-            _ratio_target(
-                "handoff sync: filelock / pylock >= 20x",
-                _get(h, "filelock"),
-                _get(h, "pylock"),
-                20,
-                True,
-            )
-        )  # type: ignore[arg-type]
-        out.append(
-            _ratio_target(
-                "handoff async: AsyncFileLock / pylock async >= 20x",
-                _get(h, "filelock-async"),
-                _get(h, "pylock-async"),
-                20,
-                True,
-            )
-        )  # type: ignore[arg-type]
-    if dth is not None:
-        out.append(
-            _ratio_target(
-                "death notification: pylock / bare pidfd <= 1.5x",
-                _get(dth, "one:pylock"),
-                _get(dth, "one:pidfd"),
-                1.5,
-                False,
-            )
-        )  # type: ignore[arg-type]
-        many = _get(dth, "many:pylock-many") or _get(dth, "many:pylock")
-        if many is not None:
-            many.extra.get("n", "")
-            name = "ExitWatcher" if many is _get(dth, "many:pylock-many") else "holder_exit tasks"
-            out.append(
-                _ratio_target(
-                    f"many watched ({name}): latency / 1 watched <= 2x",
-                    many,
-                    _get(dth, "one:pylock"),
-                    2,
-                    False,
-                )
-            )  # type: ignore[arg-type]
-            bpw = many.extra.get("bytes_per_watch", math.nan)
-            out.append(
-                [
-                    f"many watched ({name}): memory per watch < 2 KiB",
-                    f"{bpw:.0f} B",
-                    "yes" if bpw < 2048 else "**no**",
-                ]
-            )
-            cpu = many.extra.get("idle_cpu_pct", math.nan)
-            wk = many.extra.get("idle_wakeups_s", math.nan)
-            out.append(
-                [
-                    f"many watched ({name}): no CPU while idle",
-                    f"{cpu:.3f}% of a core, {wk:.1f} wakeups/s",
-                    "yes" if cpu < 0.1 and wk < 1 else "**no**",
-                ]
-            )
-        else:
-            out.append(["many watched: latency, memory, idle CPU", "not measured", "-"])
-    return [t for t in out if t is not None]
+    if dth is None:
+        return out
+    many = _get(dth, "many:pylock-many")
+    name = "ExitWatcher"
+    if many is None:
+        many, name = _get(dth, "many:pylock"), "holder_exit tasks"
+    if many is None:
+        out.append(["many watched: latency, memory, idle CPU", "not measured", "-"])
+        return out
+    name = f"{many.extra.get('n', 0):,} watched, {name}"
+    what = f"{name}: exit latency / 1 watched <= 2x"
+    out.append(_ratio_target(what, many, _get(dth, "one:pylock"), 2, False))
+    bpw = many.extra.get("bytes_per_watch", math.nan)
+    out.append(
+        [f"{name}: memory per watch < 2 KiB", f"{bpw:.0f} B", "yes" if bpw < 2048 else "**no**"]
+    )
+    cpu = many.extra.get("idle_cpu_pct", math.nan)
+    wakeups = many.extra.get("idle_wakeups_s", math.nan)
+    out.append(
+        [
+            f"{name}: no CPU while idle",
+            f"{cpu:.3f}% of a core, {wakeups:.1f} wakeups/s",
+            "yes" if cpu < 0.1 and wakeups < 1 else "**no**",
+        ]
+    )
+    return out
 
 
 def _latency_table(
@@ -386,7 +338,7 @@ def _death(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
         )
         order = [
             ("pylock", DEATH_LABELS["pylock"], "pylock", False),
-            ("pidfd", DEATH_LABELS["pidfd"], "pylock", True),
+            ("pidfd-await", DEATH_LABELS["pidfd-await"], "pylock", True),
             ("psutil", DEATH_LABELS["psutil"], "pylock", False),
             ("pylock-lock", DEATH_LABELS["pylock-lock"], None, False),
             ("fallback", DEATH_LABELS["fallback"], "pylock", False),
@@ -572,7 +524,7 @@ def plot(results: Results, path: str, cmd: str) -> None:
         one,
         [
             (k, dl[k])
-            for k in ("pylock", "pidfd", "psutil", "pylock-lock", "fallback", "fallback-lock")
+            for k in ("pylock", "pidfd-await", "psutil", "pylock-lock", "fallback", "fallback-lock")
         ],
     )
     n_many = next((r.extra.get("n") for r in many.values() if r.extra.get("n")), None)

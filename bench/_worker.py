@@ -173,8 +173,11 @@ def role_watcher(lib: str) -> None:
     <pid> <time>``.  ``add PID...`` is the same without starting to wait
     (it matters only for psutil, whose wait blocks).
 
-    pylock: ``holder_exit`` per pid.  pylock-many: one ``ExitWatcher`` for
-    all.  pidfd: the bare baseline, ``loop.add_reader(os.pidfd_open(pid))``.
+    pylock: ``holder_exit`` per pid, awaited.  pylock-many: one
+    ``ExitWatcher`` for all, with a callback per exit.  The bare baselines
+    match them: pidfd-await awaits a future that a
+    ``loop.add_reader(os.pidfd_open(pid))`` callback completes; pidfd calls
+    back straight from the reader.
     psutil: ``Process(pid).wait()`` for one pid, ``wait_procs`` for many
     (its own API for watching many), both blocking.
     """
@@ -216,6 +219,20 @@ def role_watcher(lib: str) -> None:
                     on_exit(pid)
 
                 loop.add_reader(fd, ready)
+        elif lib == "pidfd-await":
+
+            async def await_one(pid: int) -> None:
+                fd = os.pidfd_open(pid)
+                exited = loop.create_future()
+                loop.add_reader(fd, exited.set_result, None)
+                try:
+                    await exited
+                finally:
+                    loop.remove_reader(fd)
+                    os.close(fd)
+                on_exit(pid)
+
+            keep.extend(loop.create_task(await_one(pid)) for pid in pids)
         else:
             raise ValueError(f"watcher: unknown library {lib!r}")
         after_ready.append((before, len(pids)))

@@ -507,7 +507,7 @@ def measure_handoff(ctx: Context, kill: bool) -> dict[str, Row]:
     return rows
 
 
-DEATH_ONE = ("pylock", "pylock-lock", "pidfd", "psutil", "fallback", "fallback-lock")
+DEATH_ONE = ("pylock", "pylock-lock", "pidfd-await", "psutil", "fallback", "fallback-lock")
 DEATH_MANY = ("pylock", "pylock-many", "pidfd", "psutil", "fallback", "fallback-many")
 
 
@@ -532,7 +532,7 @@ def measure_death_one(ctx: Context) -> dict[str, Row]:
     rows = {v: Row(v) for v in DEATH_ONE}
     if ctx.pylock_error:
         for v in DEATH_ONE:
-            if v != "pidfd" and v != "psutil":
+            if v not in ("pidfd-await", "psutil"):
                 rows[v].error = ctx.pylock_error
     watchers: dict[str, Worker] = {}
     holders: dict[str, Worker] = {}

@@ -309,27 +309,40 @@ def _selector_size(loop: asyncio.AbstractEventLoop) -> int:
     return len(loop._selector.get_map())  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("kind", ["child", "non-child"])
-def test_cancellation_and_timeouts_leak_nothing(kind: str, non_child: type[NonChild]) -> None:
-    target = Child() if kind == "child" else non_child()
+@pytest.mark.parametrize("kind", ["child", "non-child", "lock holder"])
+def test_cancellation_and_timeouts_leak_nothing(
+    kind: str, non_child: type[NonChild], lock_path: str
+) -> None:
+    target: Child | NonChild | Lock
+    if kind == "child":
+        child = target = Child()
+    elif kind == "non-child":
+        target = non_child()
+    else:  # the fallback waits on the lock in a thread: cancelled 500 times too
+        non_child(LOCK_HOLDER, lock_path)
+        target = Lock(lock_path)
+
+    def watched() -> int | Lock:
+        return target if isinstance(target, Lock) else target.pid
+
     rounds = 500
 
     async def main() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         # Warm up whatever is created once per process (the SIGCHLD wakeup).
         with pytest.raises(TimeoutError):
-            await holder_exit(target.pid, timeout=0.001)
+            await holder_exit(watched(), timeout=0.001)
         fds, readers, threads = open_fds(), _selector_size(loop), threading.active_count()
         for _ in range(rounds):
-            task = await started(holder_exit(target.pid))
+            task = await started(holder_exit(watched()))
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
         for _ in range(rounds):
             with pytest.raises(TimeoutError):
-                await holder_exit(target.pid, timeout=0.0005)
+                await holder_exit(watched(), timeout=0.0005)
         for _ in range(rounds):
-            assert wait_exit(target.pid, timeout=0) is False
+            assert wait_exit(watched(), timeout=0) is False
         assert threading.active_count() == threads
         assert _selector_size(loop) == readers
         return len(open_fds() - fds), len(fds - open_fds())
@@ -337,8 +350,8 @@ def test_cancellation_and_timeouts_leak_nothing(kind: str, non_child: type[NonCh
     try:
         assert run(main()) == (0, 0)
     finally:
-        if isinstance(target, Child):
-            target.close()
+        if kind == "child":
+            child.close()
 
 
 def test_invalid_targets() -> None:

@@ -305,6 +305,30 @@ def test_timeouts(child: Child) -> None:
             wait_exit(child.pid, timeout=bad)
 
 
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kind", ["child", "non-child"])
+def test_wait_exit_runs_signal_handlers(kind: str, non_child: type[NonChild]) -> None:
+    # A handler that raises (like Ctrl-C's KeyboardInterrupt) ends the wait.
+    target = Child() if kind == "child" else non_child()
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(Interrupted):
+            wait_exit(target.pid, timeout=60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if isinstance(target, Child):
+            target.close()
+
+
 def _selector_size(loop: asyncio.AbstractEventLoop) -> int:
     return len(loop._selector.get_map())  # type: ignore[attr-defined]
 

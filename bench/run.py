@@ -338,6 +338,22 @@ def pylock_record(tmp: str, usable: bool) -> bytes:
     return b"pylock-record v1 %d %08x\n" % (len(body), 0) + body
 
 
+def filesystem_of(path: str) -> str:
+    """The type of the mount holding path, from /proc/self/mounts."""
+    best, kind = "", "unknown"
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                mount = fields[1].replace("\\040", " ")
+                inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
 def describe_machine(tmp: str) -> dict[str, str]:
     model = "unknown"
     try:
@@ -354,7 +370,7 @@ def describe_machine(tmp: str) -> dict[str, str]:
             mem = f"{int(f.readline().split()[1]) / 1048576:.1f} GiB"
     except (OSError, ValueError, IndexError):
         pass
-    fs = subprocess.run(["stat", "-f", "-c", "%T", tmp], capture_output=True, text=True).stdout
+    fs = filesystem_of(tmp)
     commit = subprocess.run(
         ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
@@ -375,7 +391,7 @@ def describe_machine(tmp: str) -> dict[str, str]:
         "Python": (
             f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})"
         ),
-        "lock files on": f"{tmp} ({fs.strip() or 'unknown'})",
+        "lock files on": f"{tmp} ({fs})",
         "pylock": f"checkout {commit or 'unknown'}",
         "peers": ", ".join(f"{k} {v}" for k, v in versions.items()),
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),

@@ -46,7 +46,8 @@ typedef struct pl_waiter pl_waiter;
  * symlink.  With PL_OPEN_CREATE a missing file is created with exactly
  * create_mode, or 0644 less the umask when create_mode < 0; *created is set
  * to 1 when this call made the file.  Returns EISDIR, PL_E_SYMLINK,
- * PL_E_NOTREG or the usual errno values. */
+ * PL_E_NOTREG or the usual errno values; on Windows also EAGAIN for a file
+ * that was deleted but is still open somewhere ("delete pending"). */
 int pl_open(const char *path, int flags, int create_mode, pl_handle *out, int *created);
 int pl_close(pl_handle h);
 int pl_file_stat(pl_handle h, pl_file_info *out);
@@ -61,7 +62,8 @@ void pl_waiter_free(pl_waiter *w);
 /* Wait in the kernel for the lock.  Returns 0 (granted), ETIMEDOUT
  * (timeout_ns >= 0 passed), ECANCELED (pl_waiter_cancel) or EINTR (a signal
  * that is not pylock's own: run the handlers, call again with the time
- * left).  Only 0 leaves the lock held. */
+ * left).  Only 0 leaves the lock held.  ENOTSUP where the platform cannot
+ * wait for a lock in the kernel at all (Wine's LockFileEx). */
 int pl_lock_wait(pl_handle h, int shared, int64_t timeout_ns, pl_waiter *w);
 /* From any thread, any time: the wait on w returns ECANCELED as soon as it
  * can, without taking the lock.  A wait that already returned 0 holds it. */

@@ -389,11 +389,18 @@ class Lock:
             self._wake_object_waiter()
 
     def _unlink_while_holding(self) -> None:
+        # Only if the path still names our file, asked of the C core (whose
+        # dev/ino we compare against; os.stat's differ on older Windows).
         try:
-            st = os.stat(self.path, follow_symlinks=False)
-        except FileNotFoundError:
-            return
-        if (st.st_dev, st.st_ino) == self._key:
+            handle = open_lock_file(self.path, lib.PL_OPEN_READONLY)
+        except OSError:
+            return  # gone already, or no longer a plain file: not ours to remove
+        try:
+            st = ffi.new("pl_file_info *")
+            ours = lib.pl_file_stat(handle, st) == 0 and (st.dev, st.ino) == self._key
+        finally:
+            lib.pl_close(handle)
+        if ours:
             os.unlink(self.path)
 
     # -- diagnostics ------------------------------------------------------

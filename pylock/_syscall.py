@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from typing import NoReturn
 
 from ._errors import NOT_REGULAR, SYMLINK, LockFileError, advice_for
@@ -45,5 +46,18 @@ def open_lock_file(path: str, flags: int, mode: int = -1) -> int:
         raise LockFileError(errno.EINVAL, path.replace("\0", "\\0"), "the path contains a NUL byte")
     out = ffi.new("pl_handle *")
     created = ffi.new("int *")
-    check(lib.pl_open(os.fsencode(path), flags, mode, out, created), path)
+    encoded = os.fsencode(path)
+    rc = lib.pl_open(encoded, flags, mode, out, created)
+    # Windows only: a file unlinked by release(unlink=True) stays "delete
+    # pending" until its last handle closes, which the releasing holder does
+    # right after unlocking; nothing signals that moment, so retry briefly.
+    for _ in range(_DELETE_PENDING_RETRIES):
+        if rc != errno.EAGAIN:
+            break
+        time.sleep(0.001)
+        rc = lib.pl_open(encoded, flags, mode, out, created)
+    check(rc, path)
     return int(out[0])
+
+
+_DELETE_PENDING_RETRIES = 2000

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import pylock
+from pylock import _record
 from tests.support import env_with_repo
 
 
@@ -185,7 +186,14 @@ def test_child_can_take_the_lock_after_the_parent_releases(lock_path: str) -> No
         try:
             os.read(go_r, 1)
             lock.acquire(timeout=10)  # the child's own descriptor, its own lock
-            os.write(out_w, b"%d" % len(pylock.holders(lock_path)))
+            found = lock.holder()  # named as itself, not as its parent
+            with open(lock_path, "rb") as f:
+                recorded = _record.parse(f.read())
+            me = os.getpid()
+            ok = found is not None and found.pid == me and found.verified
+            ok = ok and recorded is not None and recorded["pid"] == me
+            ok = ok and [h.pid for h in pylock.holders(lock_path)] == [me]
+            os.write(out_w, b"ok" if ok else b"bad")
             lock.release()
             code = 0
         finally:
@@ -195,7 +203,7 @@ def test_child_can_take_the_lock_after_the_parent_releases(lock_path: str) -> No
     lock.release()
     os.write(go_w, b"x")
     with os.fdopen(out_r, "rb") as f:
-        assert f.read() == b"1"
+        assert f.read() == b"ok"
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     os.close(go_w)
     assert free_from_elsewhere(lock_path)

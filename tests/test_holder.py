@@ -401,3 +401,34 @@ def test_record_of_a_dead_process_is_reported_as_such(public_lock: str, raw_hold
     assert seen["pid"] != gone.pid and seen["verified"] is False
     assert f"pid {gone.pid}" in seen["note"] and "exited" in seen["note"]
     assert "cannot identify" in seen["text"]
+
+
+# -- reading the kernel's lock lines ----------------------------------------------
+#
+# A device with a major number above 255 (NVMe partitions are 259 = 0x103)
+# holding a file with the same inode number as ours cannot be set up here;
+# the parser is fed the kernel's exact line format from a stand-in /proc.
+
+
+def test_lock_lines_of_another_device_are_not_ours(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pylock import _procfs
+
+    fdinfo = tmp_path / "4242" / "fdinfo"
+    fdinfo.mkdir(parents=True)
+    # 103:01 is major 0x103 minor 1; ours is major 3 minor 1, same inode.
+    (fdinfo / "5").write_text(
+        "pos:\t0\nflags:\t02100002\nmnt_id:\t30\nino:\t5000\n"
+        "lock:\t1: FLOCK  ADVISORY  WRITE 4242 103:01:5000 0 EOF\n"
+    )
+    (tmp_path / "locks").write_text("1: FLOCK  ADVISORY  WRITE 4242 103:01:5000 0 EOF\n")
+    monkeypatch.setattr(_procfs, "PROC", str(tmp_path))
+    ours = os.makedev(3, 1)
+    assert _procfs.pid_holds(4242, ours, 5000) is False
+    assert list(_procfs.holders_of(ours, 5000)) == []
+    assert _procfs.listed_in_proc_locks(ours, 5000) is False
+    # The device that does hold it is recognised.
+    theirs = os.makedev(0x103, 1)
+    assert _procfs.pid_holds(4242, theirs, 5000) is True
+    assert [h.pid for h in _procfs.holders_of(theirs, 5000)] == [4242]

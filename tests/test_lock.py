@@ -45,6 +45,16 @@ def wait_blocked(path: str, pid: int, count: int = 1, timeout: float = 10.0) -> 
         time.sleep(0.001)  # re-reading kernel state, not standing in for a signal
 
 
+def _close_all_but(*keep: int) -> None:
+    """In a forked child: drop every inherited descriptor (above stderr) but keep,
+    so the child holds no other process's pipe open."""
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 16)
+
+
 class Forked:
     """A forked copy of this process running fn(chan); lines over pipes both ways."""
 
@@ -55,8 +65,7 @@ class Forked:
         if pid == 0:  # pragma: no cover - the child
             code = 0
             try:
-                os.close(down_w)
-                os.close(up_r)
+                _close_all_but(down_r, up_w)
                 fn(Forked.Chan(down_r, up_w))
             except BaseException:
                 traceback.print_exc()
@@ -682,3 +691,67 @@ def test_info_travels_in_the_record(lock_path: str) -> None:
     with pylock.Lock(lock_path, info={"port": 8080, "proto": [1, 2]}) as lock:
         found = lock.holder()
         assert found is not None and found.info == {"port": 8080, "proto": [1, 2]}
+
+
+# -- signals during a wait ----------------------------------------------------------
+
+
+def _signalled_waiter(lock_path: str, timeout: float | None) -> Callable[[Forked.Chan], None]:
+    def child(chan: Forked.Chan) -> None:
+        handled: list[int] = []
+        signal.signal(signal.SIGUSR1, lambda *_: handled.append(1))
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        lock = pylock.Lock(lock_path)
+        chan.say("waiting")
+        t0 = time.monotonic()
+        try:
+            lock.acquire(timeout=timeout)
+            chan.say(f"acquired {len(handled)}")
+        except KeyboardInterrupt:
+            chan.say(f"interrupted {lock.locked}")
+        except pylock.LockTimeout:
+            chan.say(f"timeout {len(handled)} {time.monotonic() - t0:.3f}")
+        chan.hear()
+
+    return child
+
+
+def test_ctrl_c_interrupts_a_blocked_acquire(lock_path: str, spawn_holder, forked) -> None:
+    holder = spawn_holder(lock_path)
+    child = forked(_signalled_waiter(lock_path, None))
+    assert child.line() == "waiting"
+    wait_blocked(lock_path, child.pid)
+    os.kill(child.pid, signal.SIGINT)
+    assert child.line() == "interrupted False"
+    assert blocked_waiters(lock_path) == []
+    holder.release()
+    assert free_from_elsewhere(lock_path)  # the interrupted wait took nothing later
+    child.tell("done")
+    assert child.wait() == 0
+
+
+def test_other_signals_do_not_end_the_wait(lock_path: str, spawn_holder, forked) -> None:
+    holder = spawn_holder(lock_path)
+    child = forked(_signalled_waiter(lock_path, None))
+    assert child.line() == "waiting"
+    wait_blocked(lock_path, child.pid)
+    os.kill(child.pid, signal.SIGUSR1)
+    os.kill(child.pid, signal.SIGUSR1)
+    wait_blocked(lock_path, child.pid)
+    holder.release()
+    assert child.line() in ("acquired 1", "acquired 2")  # signals may coalesce
+    child.tell("done")
+    assert child.wait() == 0
+
+
+def test_signals_do_not_extend_a_timed_wait(lock_path: str, spawn_holder, forked) -> None:
+    spawn_holder(lock_path)
+    child = forked(_signalled_waiter(lock_path, 0.5))
+    assert child.line() == "waiting"
+    wait_blocked(lock_path, child.pid)
+    os.kill(child.pid, signal.SIGUSR1)
+    word, handled, waited = child.line().split()
+    assert word == "timeout" and handled == "1"
+    assert 0.5 <= float(waited) < 1.5, waited
+    child.tell("done")
+    assert child.wait() == 0

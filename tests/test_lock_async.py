@@ -91,7 +91,8 @@ class Forked:
         if pid == 0:  # pragma: no cover - the child
             code = 0
             try:
-                os.close(r)
+                os.closerange(3, w)  # no other process's pipe stays open in the child
+                os.closerange(w + 1, 1 << 16)
                 fn(lambda text: os.write(w, text.encode() + b"\n") and None)
             except BaseException:
                 traceback.print_exc()
@@ -450,3 +451,30 @@ def test_timeout_racing_the_release_never_leaves_the_lock_held(lock_path: str) -
             assert not waiter.locked
             assert free_here(lock_path), f"round {i}: timed out, yet the lock is held"
     assert free_from_elsewhere(lock_path)
+
+
+def test_cancelled_task_does_not_swallow_the_next_tasks_turn(lock_path: str) -> None:
+    """Three tasks share one Lock object: the holder releases, the task whose turn
+    it is gets cancelled before it runs; the third must still get the lock."""
+
+    async def main() -> tuple[bool, float]:
+        lock = pylock.Lock(lock_path)
+        await lock.acquire_async()
+        first = asyncio.ensure_future(lock.acquire_async())
+        second = asyncio.ensure_future(lock.acquire_async(timeout=2))
+        for _ in range(5):
+            await asyncio.sleep(0)  # both wait for the object now
+        lock.release()
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        t0 = time.monotonic()
+        try:
+            await second
+        except pylock.LockTimeout:
+            return False, time.monotonic() - t0
+        lock.release()
+        return True, time.monotonic() - t0
+
+    got, waited = asyncio.run(main())
+    assert got, f"the lock was free, yet the waiting task timed out after {waited:.1f} s"

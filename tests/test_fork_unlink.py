@@ -310,3 +310,51 @@ def test_unlink_with_concurrent_waiters_never_splits_them(tmp_path: Path, lock_p
         for p in procs:
             _finish(p)
     assert reports == ["overlaps 0 stale 0\n"] * len(procs)
+
+
+# -- the path, not a descriptor kept from earlier, names the lock ---------------------
+#
+# A Lock keeps its descriptor open between acquisitions.  Whatever happened to
+# the path meanwhile (removed, renamed away, its directory replaced), the next
+# acquisition must lock the file the path names now, or two processes would
+# both hold "the" lock at that path.
+
+
+def _reuse_after(lock_path: str, change) -> None:
+    kept = pylock.Lock(lock_path)
+    kept.acquire()
+    kept.release()  # the descriptor stays open
+    change()
+    fresh = pylock.Lock(lock_path)
+    fresh.acquire(blocking=False)  # creates and locks the file now at the path
+    try:
+        with pytest.raises(pylock.LockHeld):
+            kept.acquire(blocking=False)
+        assert not kept.locked
+    finally:
+        if kept.locked:
+            kept.release()
+        fresh.release()
+    kept.acquire(blocking=False)
+    st, held = os.stat(lock_path), os.fstat(kept._handle)
+    assert (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+    kept.release()
+
+
+def test_kept_descriptor_after_the_file_was_removed(lock_path: str) -> None:
+    _reuse_after(lock_path, lambda: os.unlink(lock_path))
+
+
+def test_kept_descriptor_after_the_file_was_renamed_away(lock_path: str) -> None:
+    _reuse_after(lock_path, lambda: os.rename(lock_path, lock_path + ".old"))
+
+
+def test_kept_descriptor_after_the_directory_was_replaced(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def replace_directory() -> None:
+        os.rename(run, tmp_path / "run.old")
+        run.mkdir()
+
+    _reuse_after(str(run / "x.lock"), replace_directory)

@@ -432,3 +432,82 @@ def test_lock_lines_of_another_device_are_not_ours(
     theirs = os.makedev(0x103, 1)
     assert _procfs.pid_holds(4242, theirs, 5000) is True
     assert [h.pid for h in _procfs.holders_of(theirs, 5000)] == [4242]
+
+
+# -- a holder inside a pid namespace (a container) ---------------------------------
+
+NS_HOLDER = textwrap.dedent(
+    """
+    import json, subprocess, sys, pylock
+    path = sys.argv[1]
+    lock = pylock.Lock(path, info={"in": "container"})
+    lock.acquire()
+    look = subprocess.run(
+        [sys.executable, "-c",
+         "import json, sys, pylock; h = pylock.Lock(sys.argv[1]).holder(); "
+         "print(json.dumps([h.pid, h.verified, [x.pid for x in pylock.holders(sys.argv[1])]]))",
+         path],
+        capture_output=True, text=True, check=True)
+    print(json.dumps({"me": __import__("os").getpid(), "seen_inside": json.loads(look.stdout)}),
+          flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+@pytest.fixture
+def ns_holder(lock_path: str) -> Iterator[tuple[dict[str, Any], int]]:
+    """A pylock holder running as pid 1 of its own pid namespace: (its report, host pid)."""
+    from tests.support import env_with_repo, pidns
+
+    reason = pidns.available()
+    if reason:
+        pytest.skip(reason)
+    proc = subprocess.Popen(
+        pidns.pidns_command([sys.executable, "-c", NS_HOLDER, lock_path]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env_with_repo(),
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        report = json.loads(proc.stdout.readline())
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            (host_pid,) = [int(p) for p in f.read().split()]
+        yield report, host_pid
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+
+
+def test_holder_inside_a_pid_namespace(lock_path: str, ns_holder) -> None:
+    report, host_pid = ns_holder
+    # Inside, the holder is pid 1 and the kernel shows it holding.
+    assert report == {"me": 1, "seen_inside": [1, True, [1]]}
+    # Outside, the same process has another pid; pylock names that one.
+    found = pylock.Lock(lock_path).holder()
+    assert found is not None
+    assert found.pid == host_pid and found.verified
+    assert [h.pid for h in pylock.holders(lock_path)] == [host_pid]
+    with pytest.raises(pylock.LockHeld) as info:
+        pylock.Lock(lock_path).acquire(blocking=False)
+    assert f"pid {host_pid} " in str(info.value) and "pid 1 " not in str(info.value)
+
+
+def test_record_of_a_holder_inside_a_pid_namespace_is_used_outside(
+    lock_path: str, ns_holder
+) -> None:
+    """The record says pid 1 (the namespace's view), but its pidfs inode is the
+    same everywhere: the host's holder() can still give the record's details."""
+    _, host_pid = ns_holder
+    with open(lock_path, "rb") as f:
+        record = _record.parse(f.read())
+    assert record is not None and record["pid"] == 1
+    if not record.get("pidfs_ino"):
+        pytest.skip("no pidfs on this kernel: nothing ties the record to the host pid")
+    found = pylock.Lock(lock_path).holder()
+    assert found is not None and found.pid == host_pid and found.verified
+    assert found.info == {"in": "container"}
+    assert found.acquired_at is not None

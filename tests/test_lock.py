@@ -348,13 +348,16 @@ def test_sigkill_of_holder_wakes_a_blocked_thread_at_once(lock_path: str, spawn_
     lock.release()
 
 
-def test_sigkill_of_holder_wakes_a_blocked_process(lock_path: str, spawn_holder, forked) -> None:
+@pytest.mark.parametrize("timeout", [None, 60.0])
+def test_sigkill_of_holder_wakes_a_blocked_process(
+    lock_path: str, spawn_holder, forked, timeout: float | None
+) -> None:
     holder = spawn_holder(lock_path)
 
     def wait(chan: Forked.Chan) -> None:
         lock = pylock.Lock(lock_path)
         chan.say("waiting")
-        lock.acquire()
+        lock.acquire(timeout=timeout)
         chan.say(f"acquired {time.monotonic()!r}")
         chan.hear()
 
@@ -755,3 +758,29 @@ def test_signals_do_not_extend_a_timed_wait(lock_path: str, spawn_holder, forked
     assert 0.5 <= float(waited) < 1.5, waited
     child.tell("done")
     assert child.wait() == 0
+
+
+def test_oversized_info_is_refused_without_leaking(lock_path: str) -> None:
+    """info the record cannot carry: refused, with no descriptor left behind."""
+    gc.collect()
+    before = open_fds()
+    with pytest.raises(ValueError):
+        lock = pylock.Lock(lock_path, info={"big": "x" * 20000})
+        for _ in range(3):
+            with pytest.raises(ValueError):
+                lock.acquire()
+        raise ValueError("refused only when acquiring")
+    assert open_fds() - before == set()
+
+
+def test_upgrading_shared_to_exclusive_in_one_thread_raises(lock_path: str) -> None:
+    reader = pylock.Lock(lock_path, shared=True)
+    reader.acquire()
+    t0 = time.monotonic()
+    with pytest.raises(pylock.ReentrantAcquire):
+        pylock.Lock(lock_path).acquire(timeout=30)
+    assert time.monotonic() - t0 < 5
+    second_reader = pylock.Lock(lock_path, shared=True)
+    second_reader.acquire(blocking=False)  # shared with itself is no deadlock
+    second_reader.release()
+    reader.release()

@@ -14,7 +14,7 @@ from ._errors import (
     ReentrantAcquire,
     UnsafeFilesystem,
 )
-from ._exit import ExitWatcher, holder_exit, wait_exit
+from ._exit import ExitWatcher, ProcessExit, holder_exit, wait_exit
 from ._holder import Holder, holders
 from ._lock import Lock
 
@@ -27,6 +27,7 @@ __all__ = [
     "LockHeld",
     "LockTimeout",
     "NotHeld",
+    "ProcessExit",
     "ReentrantAcquire",
     "UnsafeFilesystem",
     "holder_exit",

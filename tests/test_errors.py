@@ -457,3 +457,45 @@ def test_lock_file_error_is_an_oserror_with_errno_and_filename(tmp_path: Path) -
     assert isinstance(info.value, pylock.LockFileError)
     assert info.value.errno == errno.ENOENT and info.value.filename == path
     assert "create it first" in str(info.value)
+
+
+# -- errors crossing a process boundary -------------------------------------------------
+
+
+def _try_lock(path: str) -> bool:
+    return pylock.Lock(path).acquire(blocking=False)
+
+
+def test_errors_survive_pickling(tmp_path: Path) -> None:
+    """multiprocessing and concurrent.futures pickle a worker's exception."""
+    import pickle
+
+    from pylock._holder import Holder
+
+    holder = Holder(pid=4242, hostname="host-a", program="worker.py")
+    errors = [
+        pylock.LockHeld("/x.lock", holder),
+        pylock.LockTimeout("/x.lock", holder, 1.5),
+        pylock.LockFileError(errno.ENOENT, "/x.lock", "the directory does not exist"),
+        pylock.UnsafeFilesystem("/x.lock", "NFS"),
+        pylock.ReentrantAcquire("/x.lock: this thread already holds this Lock"),
+    ]
+    for exc in errors:
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc)
+        assert str(back) == str(exc)
+        for attr in ("path", "holder", "timeout", "errno", "filename", "fs_name"):
+            assert getattr(back, attr, None) == getattr(exc, attr, None), attr
+
+
+def test_lock_held_in_a_process_pool_worker(lock_path: str) -> None:
+    import concurrent.futures
+    import multiprocessing
+
+    with pylock.Lock(lock_path):
+        context = multiprocessing.get_context("fork")
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+            future = pool.submit(_try_lock, lock_path)
+            with pytest.raises(pylock.LockHeld) as info:
+                future.result(timeout=30)
+    assert info.value.holder is not None and info.value.holder.pid == os.getpid()

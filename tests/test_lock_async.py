@@ -478,3 +478,28 @@ def test_cancelled_task_does_not_swallow_the_next_tasks_turn(lock_path: str) -> 
 
     got, waited = asyncio.run(main())
     assert got, f"the lock was free, yet the waiting task timed out after {waited:.1f} s"
+
+
+@pytest.mark.parametrize("timeout", [1e12, float("inf")])
+def test_huge_timeout_never_hangs(lock_path: str, spawn_holder, timeout: float) -> None:
+    """A timeout too large for the kernel's clock must wait (or be refused), not
+    leave the task waiting on a thread that died."""
+    holder = spawn_holder(lock_path)
+
+    async def main() -> object:
+        lock = pylock.Lock(lock_path)
+        task = asyncio.ensure_future(lock.acquire_async(timeout=timeout))
+        for _ in range(20):
+            await asyncio.sleep(0.001)  # let it start (or fail) before the release
+        holder.release()
+        try:
+            outcome: object = await asyncio.wait_for(task, 3)
+        except asyncio.TimeoutError:
+            return "hung"
+        except (OverflowError, ValueError) as exc:  # refusing it is fine too
+            return type(exc).__name__
+        if lock.locked:
+            lock.release()
+        return outcome
+
+    assert asyncio.run(main()) in (True, "OverflowError", "ValueError")

@@ -13,6 +13,7 @@
 #if defined(_WIN32)
 #include <windows.h>
 #else
+#include <sys/stat.h>
 #include <time.h>
 #endif
 
@@ -89,6 +90,23 @@ static int write_record(pl_handle h, const char *head, size_t head_len, uint32_t
     return rc;
 }
 
+/* Whether lf->path still names the locked file: a descriptor kept open
+ * between acquisitions must not keep locking a file that was renamed away
+ * (or whose directory was replaced) while newcomers lock the new one. */
+static int still_at_path(const pl_lockfile *lf)
+{
+#if defined(_WIN32)
+    (void)lf;
+    return 1;
+#else
+    struct stat ps;
+    if (lf->path == NULL)
+        return 1;
+    return lstat(lf->path, &ps) == 0 && (uint64_t)ps.st_dev == lf->st.dev &&
+           (uint64_t)ps.st_ino == lf->st.ino;
+#endif
+}
+
 int pl_claim(pl_lockfile *lf)
 {
     int rc = pl_file_stat(lf->handle, &lf->st);
@@ -97,7 +115,7 @@ int pl_claim(pl_lockfile *lf)
         pl_unlock(lf->handle);
         return rc;
     }
-    if (lf->st.nlink == 0) {
+    if (lf->st.nlink == 0 || !still_at_path(lf)) {
         pl_unlock(lf->handle);
         return PL_E_UNLINKED;
     }

@@ -380,11 +380,17 @@ int pl__wait_begin(pl_waiter *w, int64_t timeout_ns)
             return err;
         }
         memset(&its, 0, sizeof its);
-        its.it_value = w->deadline;
+        /* Relative: the kernel counts the interval on its own clock, so a
+         * process whose CLOCK_MONOTONIC is interposed (faketime) or offset
+         * still times out on time. */
+        its.it_value.tv_sec = (time_t)(timeout_ns / 1000000000LL);
+        its.it_value.tv_nsec = (long)(timeout_ns % 1000000000LL);
+        if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0)
+            its.it_value.tv_nsec = 1; /* zero would disarm the timer */
         /* After the deadline, fire again every millisecond: a first
          * signal that lands just before the syscall must not be lost. */
         its.it_interval.tv_nsec = 1000 * 1000;
-        if (timer_settime(w->timer, TIMER_ABSTIME, &its, NULL) != 0) {
+        if (timer_settime(w->timer, 0, &its, NULL) != 0) {
             int err = errno;
             timer_delete(w->timer);
             pl__wait_end(w, -1, EINTR);

@@ -17,7 +17,7 @@
 
 #define PL_E_SYMLINK 10001 /* the lock path is a symbolic link (or reparse point) */
 #define PL_E_NOTREG 10002  /* the lock path is a FIFO, socket or device */
-#define PL_E_UNLINKED 10003 /* the locked file was unlinked: released, reopen */
+#define PL_E_UNLINKED 10003 /* the locked file left its path: released, reopen */
 #define PL_OPEN_CREATE 1    /* create the file when it is missing */
 #define PL_OPEN_READONLY 2  /* open for reading only (lock still possible) */
 
@@ -81,6 +81,9 @@ int pl_read_record(pl_handle h, char *buf, size_t cap, size_t *len);
 typedef struct {
     pl_handle handle;
     int shared;
+    const char *path;     /* the lock's path: after locking, it must still name
+                             the locked file (not checked on Windows, where an
+                             open lock file cannot be renamed away silently) */
     const char *head;     /* the record's fixed part, ending '"acquired_at":' */
     size_t head_len;      /* 0: write no record (shared or read-only locks) */
     uint32_t head_crc;    /* crc32(head), as zlib computes it */
@@ -88,9 +91,10 @@ typedef struct {
     int record_error;     /* set by pl_claim: errno of a failed record write */
 } pl_lockfile;
 
-/* Once the lock is held: check that the file is still linked (else unlock
- * and return PL_E_UNLINKED, so the caller reopens the path and never holds
- * an unlinked inode while others lock the new file), fill st, and write
+/* Once the lock is held: check that the file is still linked and still at
+ * path (else unlock and return PL_E_UNLINKED, so the caller reopens the
+ * path and never holds an unlinked or renamed-away inode while others lock
+ * the file now at the path), fill st, and write
  * the holder record "pylock-record v1 <len> <crc32>\n" + head + the
  * current UTC time in seconds + "}".  A failed record write leaves the
  * lock held: 0 is returned with record_error set. */

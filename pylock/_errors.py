@@ -22,6 +22,9 @@ class LockHeld(LockError):
         self.holder = holder
         super().__init__(message or f"{path} is held by {describe_holder(holder)}")
 
+    def __reduce__(self) -> tuple[object, ...]:  # keeps errors intact across processes
+        return (LockHeld, (self.path, self.holder, str(self)))
+
 
 class LockTimeout(LockHeld, TimeoutError):
     """The lock stayed held until the timeout passed."""
@@ -33,6 +36,9 @@ class LockTimeout(LockHeld, TimeoutError):
             holder,
             f"timed out after {timeout:g} s waiting for {path}: held by {describe_holder(holder)}",
         )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (LockTimeout, (self.path, self.holder, self.timeout))
 
 
 class ReentrantAcquire(LockError, RuntimeError):
@@ -56,6 +62,9 @@ class UnsafeFilesystem(LockError):
             "allow_network_fs=True if every user of this lock runs on this one host."
         )
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return (UnsafeFilesystem, (self.path, self.fs_name))
+
 
 class LockFileError(LockError, OSError):
     """The lock file cannot be used at all; retrying or waiting will not help."""
@@ -63,6 +72,9 @@ class LockFileError(LockError, OSError):
     def __init__(self, code: int, path: str, advice: str = ""):
         OSError.__init__(self, code, _meaning(code), path)
         self.advice = advice
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (LockFileError, (self.errno, self.filename, self.advice))
 
     def __str__(self) -> str:
         text = f"cannot use {self.filename!s} as a lock file: {self.strerror}"

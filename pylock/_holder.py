@@ -124,8 +124,9 @@ def _from_kernel(
     lock: _procfs.FdLock, ident: ProcessIdentity, rec: dict[str, Any] | None
 ) -> Holder:
     """A holder seen in fdinfo, with the record's details when it is the same process."""
-    if rec is not None and same_process(ident, _record_identity(rec)):
-        return replace(_from_record(rec, verified=True), shared=lock.shared)
+    if rec is not None and _same_holder(ident, _record_identity(rec)):
+        # The kernel's pid: the record may hold the pid seen inside a container.
+        return replace(_from_record(rec, verified=True), pid=lock.pid, shared=lock.shared)
     argv = _cmdline(lock.pid)
     return Holder(
         pid=lock.pid,
@@ -138,6 +139,17 @@ def _from_kernel(
         verified=True,
         shared=lock.shared,
     )
+
+
+def _same_holder(seen: ProcessIdentity, recorded: ProcessIdentity) -> bool:
+    """Whether the record describes a process the kernel shows holding the lock.
+
+    The pidfs inode is unique for the boot across pid namespaces, so it also
+    matches a holder that recorded its pid inside a container.
+    """
+    if seen.pidfs_ino and seen.pidfs_ino == recorded.pidfs_ino:
+        return not (seen.boot_id and recorded.boot_id and seen.boot_id != recorded.boot_id)
+    return same_process(seen, recorded)
 
 
 def _record_identity(rec: dict[str, Any]) -> ProcessIdentity:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import json
 import logging
 import os
 import threading
@@ -27,7 +26,7 @@ from ._errors import (
 from ._holder import Holder, find_holder
 from ._native import ffi, lib
 from ._process import self_identity
-from ._record import RecordTemplate
+from ._record import RecordTemplate, check_info
 from ._syscall import check, fail, open_lock_file
 
 log = logging.getLogger("pylock")
@@ -49,10 +48,15 @@ def _task_owner() -> _Owner:
     return ("task", id(task)) if task is not None else threading.get_ident()
 
 
+# Waits longer than this (about 146 years) are waits without a timeout.
+_FOREVER_NS = 2**62
+
+
 def _ns_until(deadline: float | None) -> int:
     if deadline is None:
         return -1
-    return max(0, int((deadline - time.monotonic()) * 1e9))
+    left = (deadline - time.monotonic()) * 1e9
+    return -1 if left >= _FOREVER_NS else max(0, int(left))
 
 
 class Lock:
@@ -83,8 +87,7 @@ class Lock:
         if mode is not None and not 0 <= mode <= 0o7777:
             raise ValueError(f"mode must be a permission mode like 0o644, not {mode!r}")
         self._mode = -1 if mode is None else mode
-        if info is not None:
-            json.dumps(info)  # refuse what the record could not carry, now
+        check_info(info)  # refuse what the record could not carry, now
         self._info = info
         self._allow_network_fs = allow_network_fs
         self._handle = -1
@@ -93,6 +96,9 @@ class Lock:
         # Passed to the C core as one pointer on every acquisition.
         self._lf = ffi.new("pl_lockfile *")
         self._lf.shared = shared
+        if os.name != "nt":
+            self._path_c = ffi.new("char[]", os.fsencode(self.path))
+            self._lf.path = self._path_c
         self._head: Any = None  # keeps the C copy of the record's head alive
         self._record_warned = False
         self._guard = threading.Lock()  # one owner per Lock object
@@ -125,20 +131,23 @@ class Lock:
             except LockFileError:
                 raise exc from None
             self._writable = False
+            if not self.shared:
+                self._warn_no_record(exc.errno)
         lf = self._lf
         try:
             self._check_filesystem(handle)
             check(lib.pl_file_stat(handle, ffi.addressof(lf, "st")), self.path)
+            if self.shared or not self._writable:
+                lf.head_len = 0  # shared holders would overwrite each other's record
+            else:
+                template = RecordTemplate(self_identity(), self._info)
+                self._head = ffi.new("char[]", template.head)
+                lf.head, lf.head_len = self._head, len(template.head)
+                lf.head_crc = template.head_crc
         except BaseException:
             lib.pl_close(handle)
             raise
         self._key = (lf.st.dev, lf.st.ino)
-        if self.shared or not self._writable:
-            lf.head_len = 0  # shared holders would overwrite each other's record
-        else:
-            template = RecordTemplate(self_identity(), self._info)
-            self._head = ffi.new("char[]", template.head)
-            lf.head, lf.head_len, lf.head_crc = self._head, len(template.head), template.head_crc
         lf.handle = handle
         self._handle = handle
         _open_locks.add(self)
@@ -258,13 +267,17 @@ class Lock:
         raise LockHeld(self.path, holder)
 
     def _warn_record_failed(self) -> None:
+        self._warn_no_record(self._lf.record_error)
+
+    def _warn_no_record(self, code: int) -> None:
         if not self._record_warned:
             self._record_warned = True
             log.warning(
                 "pylock: holding %s, but its holder record could not be written (%s); "
-                "the lock is held and safe, only diagnostics will not name this process",
+                "the lock is held and safe, only diagnostics will lack the record's "
+                "details (info, since when)",
                 self.path,
-                os.strerror(self._lf.record_error),
+                os.strerror(code),
             )
 
     # -- asyncio ---------------------------------------------------------------
@@ -314,11 +327,16 @@ class Lock:
         try:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             await asyncio.wait_for(future, remaining)
-        except asyncio.TimeoutError:
-            self._raise_held(True, timeout)
-        finally:
+        except BaseException as exc:
             if entry in self._object_waiters:
                 self._object_waiters.remove(entry)
+            elif not self._guard.locked():
+                # We were handed the turn but give up (cancelled, timed
+                # out): pass it on, or the next waiter sleeps forever.
+                self._wake_object_waiter()
+            if isinstance(exc, asyncio.TimeoutError):
+                self._raise_held(True, timeout)
+            raise
 
     def _wake_object_waiter(self) -> None:
         if self._object_waiters:
@@ -337,11 +355,13 @@ class Lock:
 
         def wait_in_kernel() -> None:
             rc = errno.EINTR
-            while rc == errno.EINTR:
-                rc = lib.pl_lock_wait(handle, shared, _ns_until(deadline), waiter)
-            outcome[0] = rc
-            with contextlib.suppress(RuntimeError):  # the loop closed; nobody waits
-                loop.call_soon_threadsafe(_set_result, done, rc)
+            try:
+                while rc == errno.EINTR:
+                    rc = lib.pl_lock_wait(handle, shared, _ns_until(deadline), waiter)
+            finally:  # whatever happened, the awaiting task must hear of it
+                outcome[0] = rc
+                with contextlib.suppress(RuntimeError):  # the loop closed; nobody waits
+                    loop.call_soon_threadsafe(_set_result, done, rc)
 
         thread = threading.Thread(target=wait_in_kernel, name=f"pylock wait {self.path}")
         thread.daemon = True

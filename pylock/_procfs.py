@@ -23,7 +23,8 @@ class FdLock(NamedTuple):
 
 
 def _lock_key(dev: int, ino: int) -> str:
-    return f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino} "
+    # Spaces on both sides: a major of 0x103 must not match one of 0x03.
+    return f" {os.major(dev):02x}:{os.minor(dev):02x}:{ino} "
 
 
 def _fd_locks(pid: int, fd_name: str, key: str) -> bool | None:
@@ -75,7 +76,7 @@ def holders_of(dev: int, ino: int) -> Iterator[FdLock]:
 
 def listed_in_proc_locks(dev: int, ino: int) -> bool | None:
     """Whether /proc/locks lists a flock on (dev, ino); None if unreadable."""
-    key = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino} ".encode()
+    key = _lock_key(dev, ino).encode()
     try:
         with open(f"{PROC}/locks", "rb") as f:
             return any(key in line and b"FLOCK" in line for line in f)

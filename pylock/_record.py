@@ -24,8 +24,25 @@ MAX_INFO = 16 * 1024
 
 
 def program_argv() -> list[str]:
-    argv = list(sys.orig_argv) if hasattr(sys, "orig_argv") else [sys.executable, *sys.argv]
-    return argv
+    """This process's command line as the kernel shows it (as fdinfo readers see it)."""
+    if hasattr(sys, "orig_argv"):
+        return list(sys.orig_argv)
+    try:  # Python 3.9: sys.argv lost "-c CODE" and "-m module"
+        with open("/proc/self/cmdline", "rb") as f:
+            return [os.fsdecode(part) for part in f.read().split(b"\0") if part]
+    except OSError:
+        return [sys.executable, *sys.argv]
+
+
+def check_info(info: dict[str, Any] | None) -> None:
+    """Refuse an info the record could not carry: not JSON, or too big."""
+    if info is None:
+        return
+    if not isinstance(info, dict):
+        raise TypeError(f"info must be a dict (it is recorded as JSON), not {type(info).__name__}")
+    encoded = json.dumps(info, separators=(",", ":"), sort_keys=True)
+    if len(encoded) > MAX_INFO:
+        raise ValueError(f"info is {len(encoded)} bytes as JSON; at most {MAX_INFO}")
 
 
 class RecordTemplate:
@@ -49,9 +66,7 @@ class RecordTemplate:
             "argv": argv[:64],
         }
         if info is not None:
-            encoded_info = json.dumps(info, separators=(",", ":"), sort_keys=True)
-            if len(encoded_info) > MAX_INFO:
-                raise ValueError(f"info is {len(encoded_info)} bytes as JSON; at most {MAX_INFO}")
+            check_info(info)
             fields["info"] = info
         body = json.dumps(fields, separators=(",", ":"))
         # The timestamp is the last field; the C core writes it and the "}".

@@ -97,10 +97,15 @@ typedef struct {
  * the file now at the path), fill st, and write
  * the holder record "pylock-record v1 <len> <crc32>\n" + head + the
  * current UTC time in seconds + "}".  A failed record write leaves the
- * lock held: 0 is returned with record_error set. */
+ * lock held: then the result is the negated errno (also in record_error),
+ * so the common case costs Python no second look. */
 int pl_claim(pl_lockfile *lf);
-/* pl_try_lock, then pl_claim: the whole uncontended acquisition, one call. */
+/* pl_try_lock, then pl_claim: the whole uncontended acquisition, one call
+ * (0, -errno of a failed record write with the lock held, or an error). */
 int pl_acquire(pl_lockfile *lf);
 /* CDEF-END */
+
+/* Internal, POSIX: whether path (not followed) names the file st describes. */
+int pl__same_file_at(const char *path, const pl_file_info *st);
 
 #endif

@@ -39,13 +39,14 @@ _Owner = Union[int, tuple[str, int]]
 _open_locks: weakref.WeakSet[Lock] = weakref.WeakSet()
 
 
-def _thread_owner() -> _Owner:
-    return threading.get_ident()
+_acquire = lib.pl_acquire
+_unlock = lib.pl_unlock
+_get_ident = threading.get_ident
 
 
 def _task_owner() -> _Owner:
     task = asyncio.current_task()
-    return ("task", id(task)) if task is not None else threading.get_ident()
+    return ("task", id(task)) if task is not None else _get_ident()
 
 
 # Waits longer than this (about 146 years) are waits without a timeout.
@@ -190,7 +191,7 @@ class Lock:
         """
         if not blocking and timeout is not None:
             raise ValueError("a timeout makes no sense with blocking=False")
-        owner = _thread_owner()
+        owner = _get_ident()
         if self._owner == owner:
             raise ReentrantAcquire(
                 f"{self.path}: this thread already holds this Lock; pylock locks are "
@@ -204,8 +205,8 @@ class Lock:
             self._raise_held(blocking, timeout)
         try:
             handle = self._handle if self._handle >= 0 else self._open()
-            rc = lib.pl_acquire(self._lf)
-            while rc:
+            rc = _acquire(self._lf)
+            while rc > 0:  # < 0: held, but the record could not be written
                 if rc == errno.EWOULDBLOCK:
                     if not blocking or (deadline is not None and deadline <= time.monotonic()):
                         self._raise_held(blocking, timeout)
@@ -214,8 +215,8 @@ class Lock:
                     rc = lib.pl_claim(self._lf)
                 else:
                     handle, rc = self._retry_after(rc)
-            if self._lf.record_error:
-                self._warn_record_failed()
+            if rc:
+                self._warn_no_record(-rc)
         except BaseException:
             self._guard.release()
             raise
@@ -266,9 +267,6 @@ class Lock:
             raise LockTimeout(self.path, holder, timeout or 0.0)
         raise LockHeld(self.path, holder)
 
-    def _warn_record_failed(self) -> None:
-        self._warn_no_record(self._lf.record_error)
-
     def _warn_no_record(self, code: int) -> None:
         if not self._record_warned:
             self._record_warned = True
@@ -300,8 +298,8 @@ class Lock:
             await self._wait_for_object(deadline, timeout)
         try:
             handle = self._handle if self._handle >= 0 else self._open()
-            rc = lib.pl_acquire(self._lf)
-            while rc:
+            rc = _acquire(self._lf)
+            while rc > 0:  # < 0: held, but the record could not be written
                 if rc == errno.EWOULDBLOCK:
                     if deadline is not None and deadline <= time.monotonic():
                         self._raise_held(True, timeout)
@@ -310,8 +308,8 @@ class Lock:
                     rc = lib.pl_claim(self._lf)
                 else:
                     handle, rc = self._retry_after(rc)
-            if self._lf.record_error:
-                self._warn_record_failed()
+            if rc:
+                self._warn_no_record(-rc)
             self._owner = owner
         except BaseException:
             self._guard.release()
@@ -400,7 +398,7 @@ class Lock:
                     "shared holders would keep the old file while newcomers lock a new one"
                 )
             self._unlink_while_holding()
-        lib.pl_unlock(self._handle)
+        _unlock(self._handle)
         self._owner = None
         if unlink:
             self._close_handle()

@@ -5,6 +5,8 @@ The kernel decides (flock, LockFileEx, pidfd, kqueue, process handles); the
 holder record only explains.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._errors import (
     LockError,
     LockFileError,
@@ -14,9 +16,27 @@ from ._errors import (
     ReentrantAcquire,
     UnsafeFilesystem,
 )
-from ._exit import ExitWatcher, ProcessExit, holder_exit, wait_exit
 from ._holder import Holder, holders
 from ._lock import Lock
+
+if TYPE_CHECKING:
+    from ._exit import ExitWatcher, ProcessExit, holder_exit, wait_exit
+
+# The exit-notification API needs asyncio, which costs more to import than
+# all of the rest: it is loaded on first use, so "import pylock" stays cheap
+# for programs that only lock.
+_EXIT_NAMES = {"ExitWatcher", "ProcessExit", "holder_exit", "wait_exit"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXIT_NAMES:
+        from . import _exit
+
+        value = getattr(_exit, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pylock' has no attribute {name!r}")
+
 
 __all__ = [
     "ExitWatcher",

@@ -6,7 +6,6 @@ import datetime as _dt
 import errno
 import os
 import shlex
-import socket
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from . import _procfs, _record
 from ._native import ffi, lib
 from ._process import ProcessIdentity, identity_of, is_alive, same_process
+from ._record import hostname
 from ._syscall import check, open_lock_file
 
 _LINUX = sys.platform.startswith("linux")
@@ -133,7 +133,7 @@ def _from_kernel(
         start_time=ident.start_time,
         boot_id=ident.boot_id,
         pidfs_ino=ident.pidfs_ino,
-        hostname=socket.gethostname(),
+        hostname=hostname(),
         program=os.path.basename(argv[0]) if argv else "",
         argv=argv,
         verified=True,

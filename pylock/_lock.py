@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import logging
@@ -11,7 +10,7 @@ import threading
 import time
 import weakref
 from types import TracebackType
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from . import _fs
 from ._errors import (
@@ -29,6 +28,9 @@ from ._process import self_identity
 from ._record import RecordTemplate, check_info
 from ._syscall import check, fail, open_lock_file
 
+if TYPE_CHECKING:
+    import asyncio
+
 log = logging.getLogger("pylock")
 
 _Owner = Union[int, tuple[str, int]]
@@ -45,6 +47,8 @@ _get_ident = threading.get_ident
 
 
 def _task_owner() -> _Owner:
+    import asyncio  # loaded lazily: programs that only lock never pay for it
+
     task = asyncio.current_task()
     return ("task", id(task)) if task is not None else _get_ident()
 
@@ -318,6 +322,8 @@ class Lock:
         return True
 
     async def _wait_for_object(self, deadline: float | None, timeout: float | None) -> None:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         entry = (loop, future)
@@ -343,6 +349,8 @@ class Lock:
                 loop.call_soon_threadsafe(_set_result, future)
 
     async def _wait_async(self, handle: int, deadline: float | None, timeout: float | None) -> None:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
         waiter = lib.pl_waiter_new()

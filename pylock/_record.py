@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 import zlib
@@ -21,6 +20,13 @@ MAGIC = b"pylock-record v1 "
 # Reads are bounded: a 10 MiB file at the lock path costs 64 KiB at most.
 MAX_RECORD = 64 * 1024
 MAX_INFO = 16 * 1024
+
+
+def hostname() -> str:
+    """This host's name (socket is imported here: most users never need it)."""
+    import socket
+
+    return socket.gethostname()
 
 
 def program_argv() -> list[str]:
@@ -61,7 +67,7 @@ class RecordTemplate:
             "start_time": identity.start_time,
             "boot_id": identity.boot_id,
             "pidfs_ino": identity.pidfs_ino,
-            "host": socket.gethostname(),
+            "host": hostname(),
             "program": os.path.basename(argv[0]) if argv else "",
             "argv": argv[:64],
         }

@@ -37,6 +37,9 @@ say() { printf '\n== wheels: %s\n' "$*"; }
 die() { printf 'wheels: FAILED: %s\n' "$*" >&2; exit 1; }
 
 WORK=$(mktemp -d /tmp/pylock-wheels.XXXXXX)
+# Some tests run the installed package as another user: the venvs must be
+# reachable for them (mktemp makes the directory private).
+chmod 755 "$WORK"
 cleanup() { rm -rf "$WORK"; }
 trap cleanup EXIT
 
@@ -179,8 +182,9 @@ VPY="$WORK/venv-test/bin/python"
 quiet_pip "$VPY" -m pip install --quiet "$REPAIRED" pytest
 RUN="$WORK/run"
 mkdir -p "$RUN"
-cp -r "$ROOT/tests" "$RUN/tests"
-cp "$ROOT/pyproject.toml" "$RUN/" # pytest configuration (markers); no sources
+# From the snapshot the wheel was built from, so tests and code match.
+cp -r "$SRC/tests" "$RUN/tests"
+cp "$SRC/pyproject.toml" "$RUN/" # pytest configuration (markers); no sources
 find "$RUN" -name __pycache__ -prune -exec rm -rf {} +
 (cd "$RUN" && env -u PYTHONPATH "$VPY" -c "$SMOKE")
 (cd "$RUN" && env -u PYTHONPATH "$VPY" -c 'import pylock; print("imports", pylock.__file__)') |

@@ -70,11 +70,14 @@ class LockFileError(LockError, OSError):
     """The lock file cannot be used at all; retrying or waiting will not help."""
 
     def __init__(self, code: int, path: str, advice: str = ""):
-        OSError.__init__(self, code, _meaning(code), path)
+        # The C core's own codes become the errno an open would have given.
+        real = {SYMLINK: errno.ELOOP, NOT_REGULAR: errno.EINVAL}.get(code, code)
+        OSError.__init__(self, real, _meaning(code), path)
+        self.code = code
         self.advice = advice
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (LockFileError, (self.errno, self.filename, self.advice))
+        return (LockFileError, (self.code, self.filename, self.advice))
 
     def __str__(self) -> str:
         text = f"cannot use {self.filename!s} as a lock file: {self.strerror}"

@@ -86,6 +86,10 @@ class Lock:
         allow_network_fs: bool = False,
     ) -> None:
         raw = os.fspath(path)
+        if isinstance(raw, bytes):
+            raw = os.fsdecode(raw)
+        if raw.endswith(("/", os.sep)):
+            raise LockFileError(errno.EISDIR, raw, "a trailing separator names a directory")
         # Resolved now: a later chdir must not move the lock.
         self.path: str = os.path.abspath(raw)
         self.shared = shared

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import fcntl
+import gc
 import json
 import os
 import random
@@ -356,6 +357,9 @@ def test_cancellation_and_timeouts_leak_nothing(
         # Warm up whatever is created once per process (the SIGCHLD wakeup).
         with pytest.raises(TimeoutError):
             await holder_exit(watched(), timeout=0.001)
+        # Objects left by earlier tests must not close their descriptors
+        # mid-count (that would read as "closed someone else's descriptor").
+        gc.collect()
         fds, readers, threads = open_fds(), _selector_size(loop), threading.active_count()
         for _ in range(rounds):
             task = await started(holder_exit(watched()))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,19 +23,13 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-LARGE = os.environ.get("PYLOCK_STRESS", "").lower() == "large"
-SIZE_NAME = "large" if LARGE else "ci"
+from tests.support.sizes import SIZE_NAME, Figures  # noqa: E402
 
 _collected: list[tuple[str, dict[str, Any]]] = []
 
 
-def size(ci: int, large: int) -> int:
-    """The scenario's size for this run."""
-    return large if LARGE else ci
-
-
 @pytest.fixture
-def figures(request: pytest.FixtureRequest) -> Iterator[Callable[..., None]]:
+def figures(request: pytest.FixtureRequest) -> Iterator[Figures]:
     def record(**values: Any) -> None:
         entry = {"size": SIZE_NAME, **values}
         _collected.append((request.node.nodeid, entry))

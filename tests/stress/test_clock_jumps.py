@@ -18,6 +18,7 @@ import pytest
 import pylock
 from pylock._process import identity_of
 from tests.support.procs import Script, proc_locks_waiters, wait_for
+from tests.support.sizes import Figures
 
 
 def _libfaketime() -> str | None:
@@ -62,7 +63,7 @@ def _years_apart(a: dt.datetime, b: dt.datetime) -> float:
 
 
 @pytest.mark.parametrize("shift", sorted(SHIFTS))
-def test_holder_with_shifted_wall_clock(tmp_path: Path, shift: str, figures) -> None:  # type: ignore[no-untyped-def]
+def test_holder_with_shifted_wall_clock(tmp_path: Path, shift: str, figures: Figures) -> None:
     path = str(tmp_path / "clock.lock")
     holder = Script(HOLDER, path, env=faketime_env(SHIFTS[shift]))
     waiter = None
@@ -152,7 +153,7 @@ sys.stdin.readline()
 
 
 @pytest.mark.parametrize("shift", sorted(SHIFTS))
-def test_waiter_with_shifted_wall_clock(tmp_path: Path, shift: str, figures) -> None:  # type: ignore[no-untyped-def]
+def test_waiter_with_shifted_wall_clock(tmp_path: Path, shift: str, figures: Figures) -> None:
     path = str(tmp_path / "clock.lock")
     holder = Script(HOLDER, path)
     waiter = None
@@ -207,7 +208,7 @@ sys.stdin.readline()
 
 
 @pytest.mark.parametrize("mode", ["timed", "async_timed", "blocking"])
-def test_wall_clock_jumps_during_the_wait(tmp_path: Path, mode: str, figures) -> None:  # type: ignore[no-untyped-def]
+def test_wall_clock_jumps_during_the_wait(tmp_path: Path, mode: str, figures: Figures) -> None:
     path = str(tmp_path / "jump.lock")
     stamp = tmp_path / "faketime"
     stamp.write_text("+0\n")

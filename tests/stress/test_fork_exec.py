@@ -14,6 +14,7 @@ import pytest
 
 import pylock
 from tests.support.procs import Script, alive, fds_on, proc_locks_waiters, wait_for
+from tests.support.sizes import Figures
 
 # The holder takes the lock, then starts children of every kind that outlive
 # it: a plain fork (sleeping), a fork that execs sleep(1), subprocess.Popen
@@ -45,8 +46,8 @@ signal.pause()
 
 @pytest.mark.parametrize("death", ["sigkill", "exit"])
 def test_holder_dies_lock_is_free_at_once_while_children_live(
-    tmp_path: Path, death: str, figures
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, death: str, figures: Figures
+) -> None:
     path = str(tmp_path / "fork.lock")
     holder = Script(HOLDER_WITH_CHILDREN, path, death)
     waiter = None
@@ -152,7 +153,9 @@ ACTIONS = [
 
 
 @pytest.mark.parametrize("action", ACTIONS)
-def test_forked_child_never_releases_the_parents_lock(tmp_path: Path, action: str, figures) -> None:  # type: ignore[no-untyped-def]
+def test_forked_child_never_releases_the_parents_lock(
+    tmp_path: Path, action: str, figures: Figures
+) -> None:
     path = str(tmp_path / "fork.lock")
     holder = Script(CHILD_ACTION, path, action)
     try:

@@ -27,6 +27,7 @@ from pylock import _record
 from pylock._process import identity_of
 from tests.support import is_root, mounts
 from tests.support.procs import NOBODY, Script, become, in_child
+from tests.support.sizes import Figures
 
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root (other users, mknod, mounts)")
 
@@ -314,7 +315,7 @@ def test_relative_path_is_fixed_at_construction(
 
 
 @needs_root
-def test_no_permission_as_an_unprivileged_user(public_dir: Path, figures) -> None:  # type: ignore[no-untyped-def]
+def test_no_permission_as_an_unprivileged_user(public_dir: Path, figures: Figures) -> None:
     tmp_path = public_dir
     d = tmp_path / "rootdir"
     d.mkdir()
@@ -387,7 +388,7 @@ def test_no_permission_as_an_unprivileged_user(public_dir: Path, figures) -> Non
 
 
 @needs_root
-def test_read_only_filesystem(caplog: pytest.LogCaptureFixture, figures) -> None:  # type: ignore[no-untyped-def]
+def test_read_only_filesystem(caplog: pytest.LogCaptureFixture, figures: Figures) -> None:
     def populate(d: str) -> None:
         Path(d, "existing.lock").write_bytes(b"")
 
@@ -546,7 +547,7 @@ def test_crafted_record_naming_another_live_process_is_not_verified(
 
 
 @pytest.mark.parametrize("kind", ["valid_header_10mib_json", "garbage_10mib"])
-def test_10_mib_record_is_read_bounded(tmp_path: Path, kind: str, figures) -> None:  # type: ignore[no-untyped-def]
+def test_10_mib_record_is_read_bounded(tmp_path: Path, kind: str, figures: Figures) -> None:
     path = str(tmp_path / "big.lock")
     small = str(tmp_path / "small.lock")
     ten = 10 * 1024 * 1024

@@ -9,15 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.stress.conftest import size
 from tests.support import env_with_repo
+from tests.support.sizes import Figures, size
 
 CYCLES = size(100_000, 1_000_000)
 TIMEOUTS = size(1_000, 10_000)
 CANCELS = size(1_000, 10_000)
 
 
-def test_no_descriptor_thread_or_memory_growth(tmp_path: Path, figures) -> None:  # type: ignore[no-untyped-def]
+def test_no_descriptor_thread_or_memory_growth(tmp_path: Path, figures: Figures) -> None:
     res = subprocess.run(
         [
             sys.executable,

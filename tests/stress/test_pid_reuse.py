@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.stress.conftest import size
 from tests.support import is_root, pidns
 from tests.support.pidreuse import CHECKS
+from tests.support.sizes import Figures, size
 
 TRIALS = size(100, 500)
 
@@ -22,7 +22,7 @@ SCRIPT = "from tests.support.pidreuse import main; main()"
 
 
 @pytest.mark.parametrize("path_kind", ["pidfd", "fallback"])
-def test_recycled_pids_never_fool_pylock(tmp_path: Path, path_kind: str, figures) -> None:  # type: ignore[no-untyped-def]
+def test_recycled_pids_never_fool_pylock(tmp_path: Path, path_kind: str, figures: Figures) -> None:
     reason = pidns.available()
     if reason:
         pytest.skip(reason)

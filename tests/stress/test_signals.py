@@ -16,6 +16,7 @@ import pytest
 
 import pylock
 from tests.support.procs import Script, fds_on, proc_locks_waiters, wait_for
+from tests.support.sizes import Figures
 
 HOLDER = r"""
 import sys, time, pylock
@@ -74,8 +75,8 @@ def _read_done(waiter: Script) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_eintr_storm_neither_breaks_the_wait_nor_loses_the_wakeup(
-    tmp_path: Path, mode: str, figures
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, mode: str, figures: Figures
+) -> None:
     path = str(tmp_path / "storm.lock")
     holder = Script(HOLDER, path)
     waiter = None
@@ -103,7 +104,7 @@ def test_eintr_storm_neither_breaks_the_wait_nor_loses_the_wakeup(
 
 
 @pytest.mark.parametrize("mode", ["sync_timed", "async_timed"])
-def test_eintr_storm_keeps_the_timeout(tmp_path: Path, mode: str, figures) -> None:  # type: ignore[no-untyped-def]
+def test_eintr_storm_keeps_the_timeout(tmp_path: Path, mode: str, figures: Figures) -> None:
     """Interrupted waits resume with the time left: no early timeout, no endless one."""
     path = str(tmp_path / "storm.lock")
     holder = Script(HOLDER, path)

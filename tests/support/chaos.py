@@ -7,7 +7,8 @@ critical sections on one lock, mixing blocking, timed, non-blocking, async,
 async-timed and async-cancelled acquisitions. In every section it
 
   1. reads the shared token file (what the previous holder left there),
-  2. writes its own token (worker:pid:seq),
+  2. writes its own token (worker:incarnation:seq; an incarnation number is
+     unique per started process, unlike a pid, which the kernel recycles),
   3. sometimes asks to be killed while holding (probability ``kill_p``),
   4. lingers a random few microseconds, then re-reads the token: any change
      means another process was inside at the same time (an overlap),
@@ -110,8 +111,9 @@ class _RawFlock:
 class Worker:
     def __init__(self, ns: Any) -> None:
         self.ns = ns
-        self.rng = random.Random(f"{ns.seed}:{ns.id}:{os.getpid()}")
+        self.rng = random.Random(f"{ns.seed}:{ns.id}:{ns.incarnation}")
         self.pid = os.getpid()
+        self.inc = ns.incarnation
         self.token_fd = os.open(ns.token, os.O_RDWR | os.O_CLOEXEC)
         self.log_fd = os.open(ns.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.modes = ns.modes.split(",")
@@ -121,7 +123,7 @@ class Worker:
             self.pylock: Any = pylock
             self.held_exc: tuple[type[BaseException], ...] = (pylock.LockHeld,)
             self.timeout_exc: tuple[type[BaseException], ...] = (pylock.LockTimeout,)
-            self.lock = pylock.Lock(ns.lock)
+            self.lock: Any = pylock.Lock(ns.lock)
         else:
             self.pylock = None
             self.held_exc = ()
@@ -193,14 +195,14 @@ class Worker:
     # -- the critical section itself
 
     def section(self, seq: int, mode: str, retries: int = 0) -> None:
-        token = f"{self.ns.id}:{self.pid}:{seq}".encode().ljust(TOKEN_LEN)
+        token = f"{self.ns.id}:{self.inc}:{seq}".encode().ljust(TOKEN_LEN)
         t_enter = now_ns()
         prev = os.pread(self.token_fd, TOKEN_LEN, 0)
         os.pwrite(self.token_fd, token, 0)
-        self.log(f"E {seq} {self.pid} {t_enter} {prev.decode().strip()} {mode} {retries}")
+        self.log(f"E {seq} {self.inc} {t_enter} {prev.decode().strip()} {mode} {retries}")
         if self.rng.random() < self.ns.kill_p:
-            self.log(f"K {seq} {self.pid}")
-            os.write(self.ns.kill_fd, f"{self.ns.id} {self.pid} {seq}\n".encode())
+            self.log(f"K {seq} {self.inc}")
+            os.write(self.ns.kill_fd, f"{self.ns.id} {self.inc} {seq}\n".encode())
             # Hold the lock until the conductor kills us; EOF means it is gone.
             os.read(self.ns.alive_fd, 1)
             os._exit(3)
@@ -213,11 +215,11 @@ class Worker:
             # Diagnostics from inside: the kernel names this process.
             h = self.lock_in_use.holder()
             if h is None or h.pid != self.pid or not h.verified:
-                self.log(f"D {seq} {self.pid} holder() says {h!r}")
+                self.log(f"D {seq} {self.inc} pid {self.pid}: holder() says {h!r}")
         cur = os.pread(self.token_fd, TOKEN_LEN, 0)
         status = "ok" if cur == token else "OVERLAP:" + cur.decode().strip()
         os.pwrite(self.token_fd, FREE, 0)
-        self.log(f"X {seq} {self.pid} {status} {mode}")
+        self.log(f"X {seq} {self.inc} {status} {mode}")
 
     def release(self, lock: Any) -> None:
         unlink = self.rng.random() < self.ns.unlink_p
@@ -272,6 +274,7 @@ class WorkerConfig:
     unlink_p: float
     impl: str
     modes: str
+    incarnation: int = 0
 
 
 # ---------------------------------------------------------------- the conductor
@@ -285,9 +288,21 @@ class WorkerConfig:
 # is safe, and it reaps only the pids it forked.
 
 
-def _child(cfg: WorkerConfig, err_path: str, close: Sequence[int]) -> None:
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this worker when the conductor dies (a killed test run must not
+    leave workers fighting over the lock forever)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _child(cfg: WorkerConfig, err_path: str, close: Sequence[int], parent: int) -> None:
     code = 1
     try:
+        _die_with_parent(parent)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in close:
@@ -339,7 +354,11 @@ def conductor_main(argv: Sequence[str]) -> int:
     child_closes = (kill_r, alive_w, wake_r, wake_w)
 
     rng = random.Random(ns.seed)
-    pids: dict[int, int] = {}  # worker id -> live pid
+    pids: dict[int, int] = {}  # worker id -> its live process's pid
+    incarnation: dict[int, int] = {}  # worker id -> that process's incarnation
+    next_inc = 0
+    # Keyed by incarnation: pids wrap around (pid_max is often 32768) long
+    # before a large run has started its last worker.
     spawned_at: dict[int, int] = {}
     killed_at: dict[int, int] = {}
     requested: list[int] = []
@@ -358,22 +377,27 @@ def conductor_main(argv: Sequence[str]) -> int:
             sections=ns.sections - done, seed=ns.seed, kill_fd=kill_w, alive_fd=alive_r,
             kill_p=ns.kill_p, unlink_p=ns.unlink_p, impl=ns.impl, modes=ns.modes,
         )  # fmt: skip
+        nonlocal next_inc
+        next_inc += 1
+        cfg.incarnation = next_inc
         pid = os.fork()
         if pid == 0:
-            _child(cfg, logs[i] + ".err", child_closes)
+            _child(cfg, logs[i] + ".err", child_closes, me)
         pids[i] = pid
-        spawned_at[pid] = now_ns()
+        incarnation[i] = next_inc
+        spawned_at[next_inc] = now_ns()
 
     def kill(i: int, was_requested: bool) -> None:
-        pid = pids[i]
-        if pid in killed_at:
+        pid, inc = pids[i], incarnation[i]
+        if inc in killed_at:
             return
         t = now_ns()
         os.kill(pid, signal.SIGKILL)  # our unreaped child: the pid cannot be reused
-        killed_at[pid] = t
+        killed_at[inc] = t
         if was_requested:
-            requested.append(pid)
+            requested.append(inc)
 
+    me, parent = os.getpid(), os.getppid()
     t0 = time.monotonic()
     for i in range(ns.workers):
         spawn(i)
@@ -382,10 +406,13 @@ def conductor_main(argv: Sequence[str]) -> int:
     pending = b""
     while len(finished) < ns.workers:
         now = time.monotonic()
+        if os.getppid() != parent:
+            # The test run is gone: stop (the workers die with us).
+            return 1
         if now - t0 > ns.deadline:
             for i in sorted(set(range(ns.workers)) - finished):
-                with open(logs[i]) as f:
-                    last = f.readlines()[-3:]
+                with open(logs[i]) as log_file:
+                    last = log_file.readlines()[-3:]
                 stuck.append(f"worker {i} pid {pids[i]} still running; last log lines {last!r}")
                 os.kill(pids[i], signal.SIGKILL)
                 os.waitpid(pids[i], 0)
@@ -405,8 +432,8 @@ def conductor_main(argv: Sequence[str]) -> int:
                     pending += chunk
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
-                wid, pid, _seq = (int(x) for x in line.split())
-                if wid not in finished and pids.get(wid) == pid:
+                wid, inc, _seq = (int(x) for x in line.split())
+                if wid not in finished and incarnation.get(wid) == inc:
                     kill(wid, True)
         if time.monotonic() >= next_random:
             live = [i for i in range(ns.workers) if i not in finished]
@@ -423,18 +450,18 @@ def conductor_main(argv: Sequence[str]) -> int:
             if (
                 os.WIFSIGNALED(status)
                 and os.WTERMSIG(status) == signal.SIGKILL
-                and pid in killed_at
+                and incarnation[i] in killed_at
             ):
                 spawn(i)
             elif os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
                 finished.add(i)
             else:
-                with open(logs[i] + ".err", errors="replace") as f:
-                    err = f.read()[-3000:]
+                with open(logs[i] + ".err", errors="replace") as err_file:
+                    err = err_file.read()[-3000:]
                 failures.append(f"worker {i} pid {pid} wait status {status}: {err}")
                 finished.add(i)
     elapsed = time.monotonic() - t0
-    with open(os.path.join(d, "conductor.json"), "w") as f:
+    with open(os.path.join(d, "conductor.json"), "w") as out:
         json.dump(
             {
                 "elapsed": elapsed,
@@ -444,7 +471,7 @@ def conductor_main(argv: Sequence[str]) -> int:
                 "failures": failures,
                 "stuck": stuck,
             },
-            f,
+            out,
         )
     return 0
 
@@ -586,7 +613,7 @@ def _analyse(
     requested: set[int],
     spawned_at: dict[int, int],
 ) -> None:
-    entries: list[tuple[int, int, str, str]] = []  # (t_enter, pid, token, prev)
+    entries: list[tuple[int, int, str, str]] = []  # (t_enter, incarnation, token, prev)
     for i, lp in enumerate(logs):
         with open(lp) as f:
             for line in f:
@@ -594,8 +621,8 @@ def _analyse(
                 if not parts:
                     continue
                 if parts[0] == "E":
-                    seq, pid, t, prev, mode = parts[1], int(parts[2]), int(parts[3]), *parts[4:6]
-                    entries.append((t, pid, f"{i}:{pid}:{seq}", prev))
+                    seq, inc, t, prev, mode = parts[1], int(parts[2]), int(parts[3]), *parts[4:6]
+                    entries.append((t, inc, f"{i}:{inc}:{seq}", prev))
                     result.retries += int(parts[6])
                     result.modes[mode] = result.modes.get(mode, 0) + 1
                 elif parts[0] == "X":
@@ -607,23 +634,23 @@ def _analyse(
     entries.sort()
     result.entries = len(entries)
     first_seen: dict[str, int] = {}  # a killed holder's token -> the entry that found it
-    for n, (_t, _pid, token, prev) in enumerate(entries):
+    for n, (_t, _inc, token, prev) in enumerate(entries):
         if prev == "FREE":
             continue
-        prev_pid = int(prev.split(":")[1])
-        if prev_pid not in killed_at:
+        prev_inc = int(prev.split(":")[1])
+        if prev_inc not in killed_at:
             # Only a holder that was killed can leave its token behind.
             result.bad_entries.append(f"{token} entered while {prev} was inside")
         else:
             first_seen.setdefault(prev, n)
     for prev, n in first_seen.items():
-        prev_pid = int(prev.split(":")[1])
-        t_next, next_pid, next_token = entries[n][0], entries[n][1], entries[n][2]
-        t_kill = killed_at[prev_pid]
+        prev_inc = int(prev.split(":")[1])
+        t_next, next_inc, next_token = entries[n][0], entries[n][1], entries[n][2]
+        t_kill = killed_at[prev_inc]
         result.holder_kills += 1
         if t_next < t_kill:
             result.bad_entries.append(f"{next_token} entered before {prev} was killed")
-        elif spawned_at.get(next_pid, 0) > t_kill:
+        elif spawned_at.get(next_inc, 0) > t_kill:
             # Nobody was waiting: the next holder is a process started after
             # the kill, so the gap measures a restart, not a hand-over.
             result.kills_without_waiter += 1

@@ -57,7 +57,7 @@ class Script:
 
     def expect(self, prefix: str = "") -> str:
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
+        line: str = self.proc.stdout.readline()
         if not line:
             rc = self.proc.wait()
             raise AssertionError(f"child exited ({rc}) before saying {prefix!r}:\n{self.stderr}")

@@ -177,6 +177,8 @@ int pl_claim(pl_lockfile *lf)
     }
     if (lf->head_len > 0)
         lf->record_error = write_record(lf->handle, lf->head, lf->head_len, lf->head_crc);
+    else
+        lf->record_error = lf->no_record_reason;
     return -lf->record_error;
 }
 

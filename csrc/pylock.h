@@ -89,6 +89,8 @@ typedef struct {
     uint32_t head_crc;    /* crc32(head), as zlib computes it */
     pl_file_info st;      /* set by pl_claim: the file as locked */
     int record_error;     /* set by pl_claim: errno of a failed record write */
+    int no_record_reason; /* with head_len 0: why no record can be written
+                             (a read-only file), reported like a failed write */
 } pl_lockfile;
 
 /* Once the lock is held: check that the file is still linked and still at

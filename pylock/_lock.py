@@ -130,6 +130,7 @@ class Lock:
         try:
             handle = open_lock_file(self.path, lib.PL_OPEN_CREATE, self._mode)
             self._writable = True
+            self._lf.no_record_reason = 0
         except LockFileError as exc:
             # A lock file we may read but not write (another user's, or on a
             # read-only filesystem) can still be locked; only the record is lost.
@@ -140,8 +141,8 @@ class Lock:
             except LockFileError:
                 raise exc from None
             self._writable = False
-            if not self.shared:
-                self._warn_no_record(exc.errno)
+            # Reported (once) when the lock is taken, like a failed write.
+            self._lf.no_record_reason = 0 if self.shared else exc.errno
         lf = self._lf
         try:
             self._check_filesystem(handle)

@@ -24,6 +24,7 @@ import pytest
 
 import pylock
 from pylock import _record
+from pylock._errors import NOT_REGULAR, SYMLINK
 from pylock._process import identity_of
 from tests.support import is_root, mounts
 from tests.support.procs import NOBODY, Script, become, in_child
@@ -61,11 +62,16 @@ def _try_lock(path: str, **kw: Any) -> Any:
         lock.close()
 
 
-def _assert_lock_file_error(res: dict[str, Any], path: str, code: int, words: str) -> None:
+def _assert_lock_file_error(
+    res: dict[str, Any], path: str, code: int, words: str, errno_value: int | None = None
+) -> None:
+    """A LockFileError naming path, raised at once. code is pylock's own code
+    (LockFileError.code); errno_value the real errno when it differs."""
     assert not res.get("hang"), f"{path}: hung"
     assert res.get("exc") == "LockFileError", res
     assert "OSError" in res["mro"] and "LockError" in res["mro"]
-    assert res["errno"] == code, res
+    assert res["code"] == code, res
+    assert res["errno"] == (code if errno_value is None else errno_value), res
     assert res["filename"] == path.replace("\0", "\\0"), res
     assert words in res["msg"], res
     assert res["elapsed"] < AT_ONCE, res
@@ -88,7 +94,7 @@ def test_symlink_as_lock_file_is_refused_and_target_untouched(tmp_path: Path, ki
     before = os.lstat(target) if kind != "dangling" else None
 
     res = in_child(lambda: _try_lock(link))
-    _assert_lock_file_error(res, link, pylock._errors.SYMLINK, "symbolic link")
+    _assert_lock_file_error(res, link, SYMLINK, "symbolic link", errno.ELOOP)
     # Diagnostics do not follow it either (a FIFO target would block them).
     diag = in_child(lambda: repr(pylock.Lock(link).holder()))
     assert not diag.get("hang")
@@ -185,7 +191,7 @@ def test_sticky_world_writable_directory_attacks(public_dir: Path) -> None:
     assert res == {"value": None, "elapsed": res["elapsed"]}, res
     assert os.lstat(link).st_uid == NOBODY[0]
     out = in_child(lambda: _try_lock(link))
-    _assert_lock_file_error(out, link, pylock._errors.SYMLINK, "symbolic link")
+    _assert_lock_file_error(out, link, SYMLINK, "symbolic link", errno.ELOOP)
     after = os.stat(precious)
     assert precious.read_bytes() == b"root's data\n"
     assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
@@ -239,7 +245,7 @@ def test_not_a_regular_file(tmp_path: Path, kind: str) -> None:
     if kind == "directory":
         _assert_lock_file_error(res, path, errno.EISDIR, "directory")
     else:
-        _assert_lock_file_error(res, path, pylock._errors.NOT_REGULAR, "not a regular file")
+        _assert_lock_file_error(res, path, NOT_REGULAR, "not a regular file", errno.EINVAL)
     # Diagnostics and async acquisition neither hang nor crash.
     for probe in (
         lambda: repr(pylock.Lock(path).holder()),
@@ -257,7 +263,14 @@ def test_not_a_regular_file(tmp_path: Path, kind: str) -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["missing_parent", "parent_is_a_file", "name_too_long", "path_too_long", "nul_byte"],
+    [
+        "missing_parent",
+        "parent_is_a_file",
+        "name_too_long",
+        "path_too_long",
+        "nul_byte",
+        "trailing_separator",
+    ],
 )
 def test_bad_names_fail_at_once(tmp_path: Path, case: str) -> None:
     (tmp_path / "file").write_bytes(b"")
@@ -271,6 +284,7 @@ def test_bad_names_fail_at_once(tmp_path: Path, case: str) -> None:
             "too long",
         ),
         "nul_byte": (str(tmp_path / "a\0b.lock"), errno.EINVAL, "NUL byte"),
+        "trailing_separator": (str(tmp_path / "x.lock") + "/", errno.EISDIR, "trailing separator"),
     }[case]
     res = in_child(lambda: _try_lock(path))
     _assert_lock_file_error(res, path, code, words)

@@ -189,6 +189,7 @@ def describe_exception(e: BaseException) -> dict[str, Any]:
         "exc": type(e).__name__,
         "mro": [c.__name__ for c in type(e).__mro__],
         "errno": getattr(e, "errno", None),
+        "code": getattr(e, "code", None),
         "filename": getattr(e, "filename", None),
         "msg": str(e),
     }

@@ -2,9 +2,10 @@
 # Compile-checks pylock's C core for the platforms this machine cannot run:
 # macOS (arm64, x86_64) and the Linux wheel targets other than the host's
 # (musl, aarch64), with the C compiler shipped in the `ziglang` package.
-# Every csrc/*.c is compiled (to a throwaway object, which also catches the
-# warnings only code generation reports) with warnings as errors.  The cffi
-# wrapper module is not compiled here: it needs the target's Python headers.
+# Every csrc/*.c is compiled at -O2 to a throwaway object (which also
+# catches the warnings only optimisation reports) with warnings as errors.
+# The cffi wrapper module is not compiled here: it needs the target's
+# Python headers.
 set -euo pipefail
 
 PY=${PY:-python}
@@ -43,7 +44,7 @@ for target in $TARGETS; do
     esac
     for src in "${SOURCES[@]}"; do
         obj="$OUT/$target-$(basename "$src" .c).o"
-        if "$PY" -m ziglang cc -target "$target" -std=c11 -Wall -Wextra -Werror \
+        if "$PY" -m ziglang cc -target "$target" -std=c11 -O2 -Wall -Wextra -Werror \
             "${defs[@]}" -Icsrc -c -o "$obj" "$src"; then
             checked=$((checked + 1))
         else
@@ -63,7 +64,7 @@ for target in $TARGETS; do
     case "$target" in *-macos) ;; *) continue ;; esac
     for test in csrc/tests/test_proc_macos.c csrc/tests/test_lock_posix.c; do
         [ -f "$test" ] || continue
-        if "$PY" -m ziglang cc -target "$target" -std=c11 -Wall -Wextra -Werror -Icsrc \
+        if "$PY" -m ziglang cc -target "$target" -std=c11 -O2 -Wall -Wextra -Werror -Icsrc \
             "${MACOS_CORE[@]}" "$test" -o "$OUT/$(basename "$test" .c)-$target"; then
             echo "macos-check: $target: $test linked with the macOS core"
             checked=$((checked + 1))

@@ -102,7 +102,8 @@ if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then
 else
     cp -r "$ROOT/." "$SRC"
 fi
-"$PY" -m build --outdir "$WORK/dist" "$SRC" >"$WORK/build.log" 2>&1 ||
+# Warnings are errors, as in [tool.cibuildwheel] environment.
+PYLOCK_WERROR=1 "$PY" -m build --outdir "$WORK/dist" "$SRC" >"$WORK/build.log" 2>&1 ||
     { tail -40 "$WORK/build.log"; die "python -m build"; }
 grep -E "^Successfully built" "$WORK/build.log"
 SDIST=$(ls "$WORK"/dist/*.tar.gz)
@@ -217,7 +218,7 @@ done
 say "pip wheel from the sdist alone, on CPython $test_minor"
 SD="$WORK/from-sdist"
 mkdir -p "$SD"
-(cd "$SD" && quiet_pip "$VPY" -m pip wheel --quiet --no-deps --wheel-dir "$SD" "$SDIST")
+(cd "$SD" && PYLOCK_WERROR=1 quiet_pip "$VPY" -m pip wheel --quiet --no-deps --wheel-dir "$SD" "$SDIST")
 SDWHEEL=$(ls "$SD"/*.whl)
 echo "built: $(basename "$SDWHEEL")"
 "$TEST_PY" -m venv "$WORK/venv-sdist"

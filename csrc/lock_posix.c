@@ -150,6 +150,7 @@ int pl__same_file_at(const char *path, const pl_file_info *st)
 {
     pl_file_info now;
     struct stat ps;
+    memset(&now, 0, sizeof now);
 #ifdef HAVE_STATX
     int rc = statx_at(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, &now);
     if (rc != ENOSYS && rc != EPERM)

@@ -519,6 +519,7 @@ def plot(results: Results, path: str, cmd: str) -> None:
     one = {k[4:]: r for k, r in death.items() if k.startswith("one:")}
     many = {k[5:]: r for k, r in death.items() if k.startswith("many:")}
     dl = {k: v.replace("`", "") for k, v in DEATH_LABELS.items()}
+    dl["pidfd-await"] = "bare: await add_reader(pidfd_open(pid))"
     collect(
         "Death notification: SIGKILL -> watcher returns (1 watched)",
         one,
@@ -530,7 +531,7 @@ def plot(results: Results, path: str, cmd: str) -> None:
     n_many = next((r.extra.get("n") for r in many.values() if r.extra.get("n")), None)
     dml = {k: v.replace("`", "") for k, v in DEATH_MANY_LABELS.items()}
     collect(
-        f"Death notification with {n_many or 'many'} watched",
+        f"Death notification with {n_many:,} watched" if n_many else "Death notification, many",
         many,
         [
             (k, dml[k])
@@ -540,7 +541,9 @@ def plot(results: Results, path: str, cmd: str) -> None:
     if not panels:
         return
     height = sum(1.2 + 0.45 * len(s) for _, s in panels)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, height), squeeze=False)
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(10, height), squeeze=False, layout="constrained"
+    )
     rng = random.Random(0)
     for ax, (title, series) in zip(axes[:, 0], panels):
         labels = [s[0] for s in series][::-1]
@@ -564,7 +567,6 @@ def plot(results: Results, path: str, cmd: str) -> None:
         ax.set_title(title, fontsize=10)
         ax.grid(axis="x", which="both", alpha=0.3)
     fig.suptitle(f"pylock latency distributions ({cmd})", fontsize=11)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

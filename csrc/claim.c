@@ -150,30 +150,32 @@ static int write_record(pl_handle h, const char *head, size_t head_len, uint32_t
     return rc;
 }
 
-/* Whether lf->path still names the locked file: a descriptor kept open
- * between acquisitions must not keep locking a file that was renamed away
- * (or whose directory was replaced) while newcomers lock the new one. */
-static int still_at_path(const pl_lockfile *lf)
+/* Whether the locked file is still the file at the path: linked, same
+ * device and inode.  A descriptor kept open between acquisitions must not
+ * go on locking a file that was unlinked or renamed away (or whose
+ * directory was replaced) while newcomers lock the file now at the path.
+ * One lookup of the path answers both questions, as a path that names the
+ * inode proves it linked; lf->st holds the file's identity from its open.
+ * Windows passes no path (an open lock file cannot be renamed there) and
+ * asks the handle, which reports a deleted file as having no links. */
+static int still_at_path(pl_lockfile *lf, int *err)
 {
-#if defined(_WIN32)
-    (void)lf;
-    return 1;
-#else
-    return lf->path == NULL || pl__same_file_at(lf->path, &lf->st);
+    *err = 0;
+#if !defined(_WIN32)
+    if (lf->path != NULL)
+        return pl__same_file_at(lf->path, &lf->st);
 #endif
+    *err = pl_file_stat(lf->handle, &lf->st);
+    return *err == 0 && lf->st.nlink > 0;
 }
 
 int pl_claim(pl_lockfile *lf)
 {
-    int rc = pl_file_stat(lf->handle, &lf->st);
+    int err;
     lf->record_error = 0;
-    if (rc != 0) {
+    if (!still_at_path(lf, &err)) {
         pl_unlock(lf->handle);
-        return rc;
-    }
-    if (lf->st.nlink == 0 || !still_at_path(lf)) {
-        pl_unlock(lf->handle);
-        return PL_E_UNLINKED;
+        return err ? err : PL_E_UNLINKED;
     }
     if (lf->head_len > 0)
         lf->record_error = write_record(lf->handle, lf->head, lf->head_len, lf->head_crc);

@@ -87,16 +87,17 @@ typedef struct {
     const char *head;     /* the record's fixed part, ending '"acquired_at":' */
     size_t head_len;      /* 0: write no record (shared or read-only locks) */
     uint32_t head_crc;    /* crc32(head), as zlib computes it */
-    pl_file_info st;      /* set by pl_claim: the file as locked */
+    pl_file_info st;      /* the file's identity, from pl_file_stat after
+                             opening it (refreshed by pl_claim on Windows) */
     int record_error;     /* set by pl_claim: errno of a failed record write */
     int no_record_reason; /* with head_len 0: why no record can be written
                              (a read-only file), reported like a failed write */
 } pl_lockfile;
 
-/* Once the lock is held: check that the file is still linked and still at
- * path (else unlock and return PL_E_UNLINKED, so the caller reopens the
- * path and never holds an unlinked or renamed-away inode while others lock
- * the file now at the path), fill st, and write
+/* Once the lock is held: check that path still names the file in st
+ * (else unlock and return PL_E_UNLINKED, so the caller reopens the path and
+ * never holds an unlinked or renamed-away inode while others lock the file
+ * now at the path), and write
  * the holder record "pylock-record v1 <len> <crc32>\n" + head + the
  * current UTC time in seconds + "}".  A failed record write leaves the
  * lock held: then the result is the negated errno (also in record_error),

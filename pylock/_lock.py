@@ -198,39 +198,53 @@ class Lock:
         LockTimeout when timeout seconds pass, ReentrantAcquire when this
         thread already holds it.  Returns True.
         """
-        if not blocking and timeout is not None:
-            raise ValueError("a timeout makes no sense with blocking=False")
         owner = _get_ident()
         if self._owner == owner:
             raise ReentrantAcquire(
                 f"{self.path}: this thread already holds this Lock; pylock locks are "
                 "not reentrant (release it first, or use one Lock per thread)"
             )
-        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        if timeout is None:
+            deadline = None
+        elif not blocking:
+            raise ValueError("a timeout makes no sense with blocking=False")
+        else:
+            deadline = time.monotonic() + max(timeout, 0.0)
+        guard = self._guard
         # Another thread of this process may hold this very object.
-        if not self._guard.acquire(False) and (
-            not blocking or not self._guard.acquire(True, -1 if timeout is None else timeout)
+        if not guard.acquire(False) and (
+            not blocking or not guard.acquire(True, -1 if timeout is None else timeout)
         ):
             self._raise_held(blocking, timeout)
         try:
-            handle = self._handle if self._handle >= 0 else self._open()
+            if self._handle < 0:
+                self._open()
+            # The whole uncontended acquisition: lock, check the path, record.
             rc = _acquire(self._lf)
-            while rc > 0:  # < 0: held, but the record could not be written
-                if rc == errno.EWOULDBLOCK:
-                    if not blocking or (deadline is not None and deadline <= time.monotonic()):
-                        self._raise_held(blocking, timeout)
-                    self._refuse_self_deadlock(owner)
-                    self._wait(handle, deadline, timeout)
-                    rc = lib.pl_claim(self._lf)
-                else:
-                    handle, rc = self._retry_after(rc)
             if rc:
-                self._warn_no_record(-rc)
+                self._acquire_slow(rc, blocking, deadline, timeout, owner)
         except BaseException:
-            self._guard.release()
+            guard.release()
             raise
         self._owner = owner
         return True
+
+    def _acquire_slow(
+        self, rc: int, blocking: bool, deadline: float | None, timeout: float | None, owner: _Owner
+    ) -> None:
+        """The lock was held, the file moved, or the record failed (rc < 0)."""
+        handle = self._handle
+        while rc > 0:  # < 0: held, but the record could not be written
+            if rc == errno.EWOULDBLOCK:
+                if not blocking or (deadline is not None and deadline <= time.monotonic()):
+                    self._raise_held(blocking, timeout)
+                self._refuse_self_deadlock(owner)
+                self._wait(handle, deadline, timeout)
+                rc = lib.pl_claim(self._lf)
+            else:
+                handle, rc = self._retry_after(rc)
+        if rc:
+            self._warn_no_record(-rc)
 
     def _retry_after(self, rc: int) -> tuple[int, int]:
         """The lock file was unlinked under us (the lock is already released):
@@ -405,11 +419,6 @@ class Lock:
         if self._owner is None:
             raise NotHeld(f"{self.path}: release() of a lock this Lock object does not hold")
         if unlink:
-            if self.shared:
-                raise LockError(
-                    f"{self.path}: release(unlink=True) needs an exclusive lock: other "
-                    "shared holders would keep the old file while newcomers lock a new one"
-                )
             self._unlink_while_holding()
         _unlock(self._handle)
         self._owner = None
@@ -420,6 +429,11 @@ class Lock:
             self._wake_object_waiter()
 
     def _unlink_while_holding(self) -> None:
+        if self.shared:
+            raise LockError(
+                f"{self.path}: release(unlink=True) needs an exclusive lock: other "
+                "shared holders would keep the old file while newcomers lock a new one"
+            )
         # Only if the path still names our file, asked of the C core (whose
         # dev/ino we compare against; os.stat's differ on older Windows).
         try:

@@ -247,10 +247,12 @@ static void test_claim(void)
     pl_lockfile lf;
     memset(&lf, 0, sizeof lf);
     lf.handle = a;
+    lf.path = p;
     lf.head = head;
     lf.head_len = sizeof head - 1;
     lf.head_crc = 0x12345678; /* any value: the header must carry crc over it */
-    CHECK(pl_acquire(&lf) == 0 && lf.record_error == 0 && lf.st.nlink == 1);
+    CHECK(pl_file_stat(a, &lf.st) == 0);
+    CHECK(pl_acquire(&lf) == 0 && lf.record_error == 0);
     CHECK(pl_try_lock(b, 0) == EWOULDBLOCK);
     char buf[256];
     size_t n = 0;
@@ -263,22 +265,46 @@ static void test_claim(void)
     CHECK(strlen(body) == payload);
     CHECK(strncmp(body, head, sizeof head - 1) == 0);
     CHECK(body[payload - 1] == '}' && body[payload - 8] == '.');
-    /* A second acquisition by the same description is refused by nobody
-     * (flock is per description) but the unlink check still runs. */
     CHECK(pl_unlock(a) == 0);
+
+    /* Unlinked while the descriptor was kept: refused, and left unlocked. */
     CHECK(unlink(p) == 0);
     CHECK(pl_acquire(&lf) == PL_E_UNLINKED);
-    CHECK(pl_try_lock(b, 0) == 0); /* PL_E_UNLINKED left the lock released */
+    CHECK(pl_try_lock(b, 0) == 0);
     pl_unlock(b);
-    lf.head_len = 0; /* no record: a shared lock */
-    lf.shared = 1;
-    pl_handle c = open_lock(p);
-    lf.handle = c;
-    CHECK(pl_acquire(&lf) == 0 && lf.st.size == 0);
-    pl_unlock(c);
+    /* The same without a path: the descriptor's link count tells. */
+    lf.path = NULL;
+    CHECK(pl_acquire(&lf) == PL_E_UNLINKED && lf.st.nlink == 0);
     pl_close(a);
     pl_close(b);
+
+    /* Renamed away: the path now names another file. */
+    pl_handle c = open_lock(p);
+    lf.handle = c;
+    lf.path = p;
+    CHECK(pl_file_stat(c, &lf.st) == 0);
+    CHECK(rename(p, path_in("claim.lock.old")) == 0);
+    pl_handle d = open_lock(p); /* a newcomer creates and locks the new file */
+    CHECK(pl_try_lock(d, 0) == 0);
+    CHECK(pl_acquire(&lf) == PL_E_UNLINKED);
+    pl_unlock(d);
+
+    /* No record: a shared lock, or a read-only file with its reason. */
+    pl_handle e = open_lock(p);
+    lf.handle = e;
+    CHECK(pl_file_stat(e, &lf.st) == 0);
+    lf.head_len = 0;
+    lf.shared = 1;
+    CHECK(pl_acquire(&lf) == 0 && lf.record_error == 0);
+    pl_unlock(e);
+    lf.no_record_reason = EROFS;
+    CHECK(pl_acquire(&lf) == -EROFS && lf.record_error == EROFS);
+    pl_unlock(e);
+    pl_fs_info fsi;
+    CHECK(pl_fs_stat(e, &fsi) == 0);
     pl_close(c);
+    pl_close(d);
+    pl_close(e);
 }
 
 int main(void)

@@ -11,6 +11,18 @@ from pathlib import Path
 
 import pytest
 
+# Every module but test_portable.py uses Linux facilities (/proc, flock(1),
+# mounts, pid namespaces, seccomp): elsewhere only the portable module runs.
+if not sys.platform.startswith("linux"):
+    collect_ignore_glob = ["stress/*", "test_[!p]*.py", "test_process.py"]
+
+
+def pytest_report_header() -> str:
+    if sys.platform.startswith("linux"):
+        return "pylock: the whole suite (Linux)"
+    return f"pylock: {sys.platform}: tests/test_portable.py only (the rest needs Linux)"
+
+
 # A child that takes a lock, prints "locked <pid>" and then holds it until its
 # stdin closes (or it is killed).  Synchronisation is by pipe, never by sleep.
 HOLDER_SCRIPT = textwrap.dedent(

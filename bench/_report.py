@@ -351,7 +351,8 @@ def _death(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
             f"## Death notification, {n:,} processes watched at once",
             "",
             f"One process watches {n:,} sleeping processes (not its children), each a small "
-            "program of its own (fork + exec of floor.c). Memory per watch is the watcher's "
+            "program of its own (fork + exec of floor.c, statically linked where the C library "
+            "allows, so they share almost no pages). Memory per watch is the watcher's "
             "resident set growth while registering the last nine tenths, divided by their count "
             "(the first tenth warms up what is built once; kernel objects such as pidfds are not "
             "in it). Idle CPU and wakeups (context switches of all "

@@ -146,10 +146,12 @@ static int spawner(void)
                 if (getppid() != self)
                     _exit(0);
                 /* A fresh address space: sleepers that merely forked would
-                 * share the spawner's anonymous pages 10,000 ways, and every
-                 * exit would then wait for rmap walks over all of them
-                 * (milliseconds under a memory monitor such as DAMON),
-                 * which is not what a watcher of real processes sees. */
+                 * share the spawner's anonymous pages 10,000 ways, and an
+                 * exit would then wait for a memory monitor's rmap walks
+                 * over all those mappings (milliseconds under DAMON's
+                 * pageout), which is not what a watcher of real processes
+                 * sees.  run.py links floor statically for the same reason:
+                 * libc's pages would be shared 10,000 ways otherwise. */
                 execl(self_exe, "floor-sleeper", "sleep", (char *)NULL);
                 _exit(127);
             }

@@ -266,15 +266,25 @@ def install_group() -> None:
     )
 
 
-def build_floor(tmp: str) -> str:
+def build_floor(tmp: str) -> tuple[str, str]:
+    """Compile floor.c; returns (executable, how it was linked).
+
+    Static when the C library allows: the 10,000 sleepers then share only a
+    few pages of floor's own text.  Dynamically linked, they share the pages
+    of libc and ld.so 10,000 ways, and a memory monitor walking those pages'
+    mappings (DAMON's pageout on this VM) holds up exits for milliseconds.
+    """
     cc = os.environ.get("CC", "cc")
     exe = os.path.join(tmp, "floor")
-    cmd = [cc, "-O2", "-std=c11", "-Wall", "-Wextra", "-o", exe, os.path.join(BENCH, "floor.c")]
+    base = [cc, "-O2", "-std=c11", "-Wall", "-Wextra", "-o", exe, os.path.join(BENCH, "floor.c")]
+    static = subprocess.run([*base, "-static"], capture_output=True, text=True)
+    if static.returncode == 0:
+        return exe, "static"
     try:
-        subprocess.run(cmd, check=True)
+        subprocess.run(base, check=True)
     except (OSError, subprocess.CalledProcessError) as exc:
         raise BenchError(f"cannot compile bench/floor.c with {cc!r}: {exc}") from exc
-    return exe
+    return exe, "dynamic (no static C library: the sleepers share libc's pages)"
 
 
 def python_ok(code: str) -> str | None:
@@ -831,7 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tmp = tempfile.mkdtemp(prefix="pylock-bench-")
     started = time.monotonic()
     try:
-        floor = build_floor(tmp)
+        floor, floor_linking = build_floor(tmp)
         pylock_error = ensure_pylock()
         if pylock_error:
             print(f"pylock is not usable, its rows will say so: {pylock_error}", file=sys.stderr)
@@ -849,6 +859,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pylock_error=pylock_error,
         )
         machine = describe_machine(tmp)
+        machine["floor.c"] = f"{os.environ.get('CC', 'cc')} -O2, linked {floor_linking}"
         results: Results = {}
         measures: dict[str, Callable[[], dict[str, Row]]] = {
             "uncontended": lambda: measure_uncontended(ctx),

@@ -382,8 +382,17 @@ def describe_machine(tmp: str) -> dict[str, str]:
         pass
     fs = filesystem_of(tmp)
     commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
+    # Only changes to what is measured matter (the report itself is in bench/).
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", "pylock", "csrc"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if commit and changed:
+        commit += " with uncommitted changes to pylock/ or csrc/"
     versions = {}
     for name in ("filelock", "fasteners", "portalocker", "psutil", "matplotlib"):
         try:

@@ -281,7 +281,7 @@ static int is_dead_state(char state)
 /* A zombie has exited: it has no identity as a live process (ESRCH). */
 int pl_identity_of(int64_t pid, pl_identity *out)
 {
-    pl_handle h;
+    pl_handle h = -1;
     char state = 0;
     int rc;
 
@@ -446,36 +446,13 @@ int pl_child_poll(int64_t pid, int *exited, int *returncode)
     return child_status(P_PID, (id_t)pid, exited, returncode);
 }
 
-/* One SIGCHLD wakeup descriptor per process.  Kind 1: a signalfd (SIGCHLD
- * is blocked in every thread, so a handler would never run).  Kind 2: a
- * non-blocking self-pipe written by a handler that chains to the one it
- * replaced. */
+/* SIGCHLD wakeups: a signalfd when SIGCHLD is blocked in every thread (a
+ * handler would never run then), else the chaining self-pipe shared with
+ * macOS (sigchld_posix.c).  Decided at the first call, once per process. */
 static pthread_mutex_t sig_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t sig_atfork_once = PTHREAD_ONCE_INIT;
-static int sig_kind;
-static int sig_rfd = -1;
-static volatile sig_atomic_t sig_wfd = -1;
-static struct sigaction sig_prev;
-
-static void sigchld_handler(int sig, siginfo_t *si, void *uc)
-{
-    int saved = errno;
-    int wfd = sig_wfd;
-
-    if (wfd >= 0) {
-        char b = 0;
-        ssize_t r = write(wfd, &b, 1); /* a full pipe already wakes */
-        (void)r;
-    }
-    if (sig_prev.sa_flags & SA_SIGINFO) {
-        if (sig_prev.sa_sigaction != NULL)
-            sig_prev.sa_sigaction(sig, si, uc);
-    } else if (sig_prev.sa_handler != SIG_DFL && sig_prev.sa_handler != SIG_IGN &&
-               sig_prev.sa_handler != NULL) {
-        sig_prev.sa_handler(sig);
-    }
-    errno = saved;
-}
+static int sig_kind; /* 0 undecided, 1 signalfd, 2 self-pipe */
+static int sig_fd = -1;
 
 static void sig_atfork_prepare(void)
 {
@@ -487,9 +464,8 @@ static void sig_atfork_parent(void)
     pthread_mutex_unlock(&sig_mu);
 }
 
-/* A forked child gets its own wakeup descriptor under the same number: a
- * shared pipe would let parent and child drain each other's wakeups, and
- * an inherited signalfd is not reported by poll/epoll in the child. */
+/* A forked child gets its own signalfd under the same number: an inherited
+ * signalfd is not reported by poll/epoll in the child. */
 static void sig_atfork_child(void)
 {
     if (sig_kind == 1) {
@@ -498,16 +474,8 @@ static void sig_atfork_child(void)
         sigaddset(&set, SIGCHLD);
         int n = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
         if (n >= 0) {
-            dup3(n, sig_rfd, O_CLOEXEC);
+            dup3(n, sig_fd, O_CLOEXEC);
             close(n);
-        }
-    } else if (sig_kind == 2) {
-        int p[2];
-        if (pipe2(p, O_NONBLOCK | O_CLOEXEC) == 0) {
-            dup3(p[1], (int)sig_wfd, O_CLOEXEC);
-            dup3(p[0], sig_rfd, O_CLOEXEC);
-            close(p[0]);
-            close(p[1]);
         }
     }
     pthread_mutex_init(&sig_mu, NULL);
@@ -559,36 +527,6 @@ static int sigchld_blocked_everywhere(void)
     return all;
 }
 
-static int sigchld_install(void)
-{
-    struct sigaction sa, cur;
-
-    if (sigaction(SIGCHLD, NULL, &cur) != 0)
-        return errno;
-    if (cur.sa_flags & SA_SIGINFO && cur.sa_sigaction == sigchld_handler)
-        return 0;
-    /* Ignored SIGCHLD or SA_NOCLDWAIT: the kernel reaps children itself,
-     * there is nothing for waitid to read.  Installing a handler would
-     * change that for the whole program, so refuse instead. */
-    if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN)
-        return ECHILD;
-    if (cur.sa_flags & SA_NOCLDWAIT)
-        return ECHILD;
-    sig_prev = cur;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = sigchld_handler;
-    sa.sa_mask = cur.sa_mask;
-    sa.sa_flags = SA_SIGINFO | SA_RESTART | (cur.sa_flags & SA_ONSTACK);
-    /* Keep stop/continue notifications for a previous handler that asked
-     * for them; pylock itself only cares about exits. */
-    if ((cur.sa_flags & SA_NOCLDSTOP) ||
-        (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_DFL))
-        sa.sa_flags |= SA_NOCLDSTOP;
-    if (sigaction(SIGCHLD, &sa, NULL) != 0)
-        return errno;
-    return 0;
-}
-
 int pl_sigchld_open(int64_t *fd)
 {
     int rc = 0;
@@ -604,55 +542,19 @@ int pl_sigchld_open(int64_t *fd)
             if (n < 0) {
                 rc = errno;
             } else {
-                sig_rfd = n;
+                sig_fd = n;
                 sig_kind = 1;
             }
         } else {
-            int p[2];
-            if (pipe2(p, O_NONBLOCK | O_CLOEXEC) != 0) {
-                rc = errno;
-            } else {
-                sig_wfd = p[1];
-                rc = sigchld_install();
-                if (rc != 0) {
-                    sig_wfd = -1;
-                    close(p[0]);
-                    close(p[1]);
-                } else {
-                    sig_rfd = p[0];
-                    sig_kind = 2;
-                }
-            }
+            sig_kind = 2;
         }
-    } else if (sig_kind == 2) {
-        /* Someone may have replaced the handler since (signal.signal):
-         * chain in front of the new one. */
-        rc = sigchld_install();
     }
-    if (rc == 0)
-        *fd = sig_rfd;
+    if (rc == 0 && sig_kind == 1)
+        *fd = sig_fd;
     pthread_mutex_unlock(&sig_mu);
+    if (rc == 0 && sig_kind == 2)
+        rc = pl__sigchld_pipe(fd);
     return rc;
-}
-
-int pl_sigchld_drain(int64_t fd)
-{
-    /* A multiple of sizeof(struct signalfd_siginfo), which a signalfd
-     * read needs at least. */
-    char buf[4 * sizeof(struct signalfd_siginfo)];
-
-    for (;;) {
-        ssize_t r = read((int)fd, buf, sizeof buf);
-        if (r > 0)
-            continue;
-        if (r == 0)
-            return 0;
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return 0;
-        return errno;
-    }
 }
 
 #endif /* __linux__ */

@@ -15,16 +15,21 @@ import time
 PYLOCK = [sys.executable, "-m", "pylock"]
 
 
+# Commands run from the demo's own directory, so "python -m pylock" finds the
+# installed package rather than the source folder of a checkout.
+WORKDIR = tempfile.mkdtemp(prefix="pylock-demo-")
+
+
 def show(title: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
     print(f"\n$ pylock {' '.join(argv[3:])}    # {title}")
-    done = subprocess.run(argv, capture_output=True, text=True)
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=WORKDIR)
     print((done.stdout + done.stderr).rstrip())
     print(f"(exit code {done.returncode})")
     return done
 
 
 def main() -> None:
-    path = os.path.join(tempfile.mkdtemp(prefix="pylock-demo-"), "daemon.lock")
+    path = os.path.join(WORKDIR, "daemon.lock")
 
     print(f"1. A 'daemon' takes {path} and keeps running.")
     holder = subprocess.Popen(
@@ -42,6 +47,7 @@ def main() -> None:
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        cwd=WORKDIR,
     )
     assert holder.stdout is not None
     if holder.stdout.readline().strip() != "ready":  # the daemon runs: the lock is held
@@ -64,6 +70,7 @@ def main() -> None:
         ],
         stdout=subprocess.PIPE,
         text=True,
+        cwd=WORKDIR,
     )
     assert waiter.stdout is not None
     time.sleep(0.5)  # only so the waiter is really blocked before the kill

@@ -32,7 +32,6 @@ import collections
 import contextlib
 import errno
 import logging
-import math
 import os
 import select
 import socket
@@ -53,10 +52,12 @@ from ._process import (
     identity_of,
     pin,
     pinning_available,
+    refuse_thread_id,
     same_process,
     self_identity,
 )
 from ._syscall import open_lock_file
+from ._timeout import check_timeout, deadline_of, ns_left
 
 log = logging.getLogger("pylock")
 
@@ -142,16 +143,8 @@ def _plan(target: Target) -> _Plan:
         return _plan_for_holder(target, None)
     pid = check_pid(target)
     _refuse_self(pid)
+    refuse_thread_id(pid)
     return _Plan(pid)
-
-
-def _check_timeout(timeout: float | None) -> float | None:
-    if timeout is None:
-        return None
-    timeout = float(timeout)
-    if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"timeout must be None or a number >= 0, not {timeout!r}")
-    return timeout
 
 
 def _describe(plan: _Plan) -> str:
@@ -585,11 +578,13 @@ async def holder_exit(target: Target, *, timeout: float | None = None) -> int | 
     status (exit code, or -signal as in subprocess) is known for a child of
     the caller, read without reaping it, and on Linux 6.15+ for any process
     once its parent has reaped it; otherwise the result is None.  A zombie
-    has exited.  Raises TimeoutError after timeout seconds, ValueError for a
-    pid that cannot exist or names the caller.  Cancelling the awaiting task
+    has exited.  Raises TimeoutError after timeout seconds (None, -1 and
+    inf wait forever, as threading.Lock; other negatives and NaN are a
+    ValueError), ValueError for a pid that cannot exist, names the caller or
+    is a thread id.  Cancelling the awaiting task
     releases everything the wait held.
     """
-    timeout = _check_timeout(timeout)
+    timeout = check_timeout(timeout)
     loop = asyncio.get_running_loop()
     watch = _Watch(loop, _plan(target), target)
     watch.start()
@@ -610,8 +605,7 @@ def wait_exit(target: Target, timeout: float | None = None) -> bool:
     Same targets and the same kernel mechanisms as holder_exit.  Signal
     handlers run while waiting (Ctrl-C interrupts it).
     """
-    timeout = _check_timeout(timeout)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = deadline_of(timeout)
     plan = _plan(target)
     if plan.exited:
         return True
@@ -632,15 +626,9 @@ def wait_exit(target: Target, timeout: float | None = None) -> bool:
     return _wait_fallback_sync(plan, deadline)
 
 
-def _ns_left(deadline: float | None) -> int:
-    if deadline is None:
-        return -1
-    return max(0, int((deadline - time.monotonic()) * 1e9))
-
-
 def _wait_pinned_sync(pinned: Pinned, deadline: float | None) -> bool:
     while True:
-        rc = lib.pl_proc_wait(pinned.handle, _ns_left(deadline), ffi.NULL)
+        rc = lib.pl_proc_wait(pinned.handle, ns_left(deadline), ffi.NULL)
         if rc == 0:
             return True
         if rc == errno.ETIMEDOUT:
@@ -731,7 +719,7 @@ def _wait_lock_sync(plan: _Plan, deadline: float | None) -> bool:
         raise MemoryError
     try:
         while True:
-            rc = lib.pl_lock_wait(handle, 1, _ns_left(deadline), waiter)
+            rc = lib.pl_lock_wait(handle, 1, ns_left(deadline), waiter)
             if rc == 0:
                 lib.pl_unlock(handle)
                 return True

@@ -75,6 +75,37 @@ def check_pid(pid: Any) -> int:
     return pid
 
 
+def _thread_group_of(pid: int) -> int | None:
+    """Linux: the process (thread group) that the id pid belongs to, if visible."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def refuse_thread_id(pid: int) -> None:
+    """ValueError when pid is the id of a thread (not the main one) of some process.
+
+    Linux gives threads ids from the same space as processes, and /proc
+    answers for them, so a thread id taken for a pid would otherwise read
+    as a process that is gone (pidfd_open refuses it) or as its process.
+    """
+    if not _LINUX:
+        return
+    owner = _thread_group_of(pid)
+    if owner is None or owner == pid:
+        return
+    whose = "this process" if owner == os.getpid() else f"process {owner}"
+    raise ValueError(
+        f"{pid} is the id of a thread of {whose}, not a process id: "
+        f"pylock watches processes; pass {owner} to wait for the process that thread runs in"
+    )
+
+
 def _identity(raw: Any) -> ProcessIdentity:
     return ProcessIdentity(
         pid=int(raw.pid),

@@ -301,9 +301,93 @@ def test_timeouts(child: Child) -> None:
         run(holder_exit(child.pid, timeout=0))
     assert wait_exit(child.pid, timeout=0.05) is False
     assert wait_exit(child.pid, timeout=0) is False
-    for bad in (-1, float("nan")):
+    for bad in (-2, -0.5, -1e300, float("-inf"), float("nan")):
         with pytest.raises(ValueError, match="timeout"):
             wait_exit(child.pid, timeout=bad)
+        with pytest.raises(ValueError, match="timeout"):
+            run(holder_exit(child.pid, timeout=bad))
+    for wrong in ("1", b"1", [1]):
+        with pytest.raises(TypeError, match="timeout"):
+            wait_exit(child.pid, timeout=wrong)  # type: ignore[arg-type]
+
+
+# threading.Lock's rule: None and -1 wait forever, and so do inf and any
+# huge number; none of them may overflow on the way to the kernel.
+FOREVER = [None, -1, -1.0, float("inf"), 1e12, 1e300, 2**70]
+
+
+@pytest.mark.parametrize("timeout", FOREVER, ids=repr)
+def test_timeouts_that_mean_forever_wait_until_the_exit(child: Child, timeout: Any) -> None:
+    assert child.proc.stdin is not None
+    child.proc.stdin.close()  # it exits now, and the wait must see it
+    assert wait_exit(child.pid, timeout=timeout) is True
+
+
+@pytest.mark.parametrize("timeout", FOREVER, ids=repr)
+def test_holder_exit_timeouts_that_mean_forever(child: Child, timeout: Any) -> None:
+    async def main() -> Any:
+        task = await started(holder_exit(child.pid, timeout=timeout))
+        assert child.proc.stdin is not None
+        child.proc.stdin.close()
+        return await task
+
+    assert run(main()) == 0
+
+
+@pytest.mark.parametrize("where", ["this process", "another process"])
+def test_a_thread_id_is_refused(where: str) -> None:
+    # Linux gives threads ids from the pid space; a thread id is not a
+    # process that wait_exit could watch (it used to read as "exited").
+    if where == "this process":
+        stop = threading.Event()
+        ready: list[int] = []
+        ready_event = threading.Event()
+
+        def body() -> None:
+            ready.append(threading.get_native_id())
+            ready_event.set()
+            stop.wait()
+
+        thread = threading.Thread(target=body)
+        thread.start()
+        ready_event.wait()
+        tid, owner = ready[0], os.getpid()
+        proc = None
+    else:
+        code = (
+            "import threading, sys\n"
+            "t = threading.Thread(target=sys.stdin.read)\n"
+            "t.start()\n"
+            "print(t.native_id, flush=True)\n"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert proc.stdout is not None
+        tid, owner = int(proc.stdout.readline()), proc.pid
+    try:
+        assert tid != owner
+        with pytest.raises(ValueError, match=f"{tid} is the id of a thread of .*pass {owner}"):
+            wait_exit(tid, timeout=5)
+        with pytest.raises(ValueError, match=f"{tid} is the id of a thread"):
+            run(holder_exit(tid, timeout=5))
+        with pytest.raises(ValueError, match=f"{tid} is the id of a thread"):
+
+            async def watch() -> None:
+                async with ExitWatcher() as watcher:
+                    watcher.watch(tid)
+
+            run(watch())
+    finally:
+        if proc is None:
+            stop.set()
+            thread.join()
+        else:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait()
+            assert proc.stdout is not None
+            proc.stdout.close()
 
 
 class Interrupted(Exception):

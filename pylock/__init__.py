@@ -5,8 +5,6 @@ The kernel decides (flock, LockFileEx, pidfd, kqueue, process handles); the
 holder record only explains.
 """
 
-from typing import TYPE_CHECKING, Any
-
 from ._errors import (
     LockError,
     LockFileError,
@@ -16,26 +14,35 @@ from ._errors import (
     ReentrantAcquire,
     UnsafeFilesystem,
 )
-from ._holder import Holder, holders
 from ._lock import Lock
 
+TYPE_CHECKING = False  # typing itself is not imported at run time
 if TYPE_CHECKING:
     from ._exit import ExitWatcher, ProcessExit, holder_exit, wait_exit
+    from ._holder import Holder, holders
 
-# The exit-notification API needs asyncio, which costs more to import than
-# all of the rest: it is loaded on first use, so "import pylock" stays cheap
-# for programs that only lock.
-_EXIT_NAMES = {"ExitWatcher", "ProcessExit", "holder_exit", "wait_exit"}
+# "import pylock" stays about as cheap as starting the interpreter: the
+# exit-notification API (asyncio costs more than all of the rest) and the
+# holder lookup (dataclasses, json, datetime) load on first use.
+_LAZY = {
+    "ExitWatcher": "_exit",
+    "ProcessExit": "_exit",
+    "holder_exit": "_exit",
+    "wait_exit": "_exit",
+    "Holder": "_holder",
+    "holders": "_holder",
+}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXIT_NAMES:
-        from . import _exit
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pylock' has no attribute {name!r}")
+    from importlib import import_module
 
-        value = getattr(_exit, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'pylock' has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = [

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import logging
 import os
-import threading
 import time
-import weakref
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Union
+from _thread import allocate_lock, get_ident
+from _weakrefset import WeakSet  # what weakref.WeakSet is, without weakref's import cost
 
 from . import _fs
 from ._errors import (
@@ -22,28 +18,32 @@ from ._errors import (
     ReentrantAcquire,
     UnsafeFilesystem,
 )
-from ._holder import Holder, find_holder
 from ._native import ffi, lib
-from ._process import self_identity
-from ._record import RecordTemplate, check_info
 from ._syscall import check, fail, open_lock_file
 
+# `import pylock` must cost little more than the interpreter's own start
+# (services import it at start, operators run `pylock run` in shell loops):
+# typing, logging, threading, contextlib, asyncio, the holder lookup and the
+# process identity are loaded where they are first used, not here.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
+    from types import TracebackType
+    from typing import Any, Union
 
-log = logging.getLogger("pylock")
+    from ._holder import Holder
 
-_Owner = Union[int, tuple[str, int]]
+    _Owner = Union[int, tuple[str, int]]
 
 # Every Lock with an open descriptor: a forked child drops them, and a wait
 # that could only deadlock (this owner holds the file through another Lock)
 # is refused by looking here.
-_open_locks: weakref.WeakSet[Lock] = weakref.WeakSet()
+_open_locks: WeakSet[Lock] = WeakSet()
 
 
 _acquire = lib.pl_acquire
 _unlock = lib.pl_unlock
-_get_ident = threading.get_ident
+_get_ident = get_ident
 
 
 def _task_owner() -> _Owner:
@@ -96,7 +96,10 @@ class Lock:
         if mode is not None and not 0 <= mode <= 0o7777:
             raise ValueError(f"mode must be a permission mode like 0o644, not {mode!r}")
         self._mode = -1 if mode is None else mode
-        check_info(info)  # refuse what the record could not carry, now
+        if info is not None:  # refuse what the record could not carry, now
+            from ._record import check_info
+
+            check_info(info)
         self._info = info
         self._allow_network_fs = allow_network_fs
         self._handle = -1
@@ -110,7 +113,7 @@ class Lock:
             self._lf.path = self._path_c
         self._head: Any = None  # keeps the C copy of the record's head alive
         self._record_warned = False
-        self._guard = threading.Lock()  # one owner per Lock object
+        self._guard = allocate_lock()  # one owner per Lock object
         self._owner: _Owner | None = None
         self._object_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
@@ -150,6 +153,9 @@ class Lock:
             if self.shared or not self._writable:
                 lf.head_len = 0  # shared holders would overwrite each other's record
             else:
+                from ._process import self_identity
+                from ._record import RecordTemplate
+
                 template = RecordTemplate(self_identity(), self._info)
                 self._head = ffi.new("char[]", template.head)
                 lf.head, lf.head_len = self._head, len(template.head)
@@ -285,6 +291,8 @@ class Lock:
             )
 
     def _raise_held(self, blocking: bool, timeout: float | None) -> None:
+        from ._holder import find_holder
+
         holder = find_holder(self.path, known_held=True)
         if blocking:
             raise LockTimeout(self.path, holder, timeout or 0.0)
@@ -293,7 +301,9 @@ class Lock:
     def _warn_no_record(self, code: int) -> None:
         if not self._record_warned:
             self._record_warned = True
-            log.warning(
+            import logging
+
+            logging.getLogger("pylock").warning(
                 "pylock: holding %s, but its holder record could not be written (%s); "
                 "the lock is held and safe, only diagnostics will lack the record's "
                 "details (info, since when)",
@@ -362,6 +372,8 @@ class Lock:
             raise
 
     def _wake_object_waiter(self) -> None:
+        import contextlib
+
         if self._object_waiters:
             loop, future = self._object_waiters.pop(0)
             with contextlib.suppress(RuntimeError):  # that loop is closed
@@ -369,6 +381,8 @@ class Lock:
 
     async def _wait_async(self, handle: int, deadline: float | None, timeout: float | None) -> None:
         import asyncio
+        import contextlib
+        import threading
 
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
@@ -452,6 +466,8 @@ class Lock:
 
     def holder(self) -> Holder | None:
         """The process holding this lock now (maybe this one), or None when free."""
+        from ._holder import find_holder
+
         return find_holder(self.path)
 
     # -- context managers ---------------------------------------------------
@@ -495,7 +511,7 @@ def _after_fork_in_child() -> None:
             lib.pl_close(lock._handle)
         lock._handle = -1
         lock._owner = None
-        lock._guard = threading.Lock()
+        lock._guard = allocate_lock()
         lock._object_waiters = []
     _open_locks.clear()
 

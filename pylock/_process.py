@@ -10,11 +10,16 @@ from __future__ import annotations
 import errno
 import os
 import sys
-import threading
-from dataclasses import dataclass
-from typing import Any
+from _thread import allocate_lock
 
 from ._native import ffi, lib
+
+# Imported by every first acquisition (the holder record names this
+# process), so by every `pylock run`: typing, threading and dataclasses
+# (which pulls in inspect) would cost it several milliseconds.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 _LINUX = sys.platform.startswith("linux")
 
@@ -23,18 +28,69 @@ _LINUX = sys.platform.startswith("linux")
 UNAVAILABLE = frozenset({errno.ENOSYS, errno.EPERM, errno.EACCES})
 
 
-@dataclass(frozen=True)
 class ProcessIdentity:
     """One process: pid plus what tells it apart from a later owner of the pid.
 
     start_time is in the platform's unit (Linux: clock ticks since boot);
-    pidfs_ino is 0 where the kernel has no pidfs.
+    pidfs_ino is 0 where the kernel has no pidfs.  An immutable value: equal
+    and hashable by its fields.
     """
 
+    __slots__ = ("boot_id", "pid", "pidfs_ino", "start_time")
     pid: int
     start_time: int
     boot_id: str
-    pidfs_ino: int = 0
+    pidfs_ino: int
+
+    def __init__(self, pid: int, start_time: int, boot_id: str, pidfs_ino: int = 0) -> None:
+        set_field = object.__setattr__
+        set_field(self, "pid", pid)
+        set_field(self, "start_time", start_time)
+        set_field(self, "boot_id", boot_id)
+        set_field(self, "pidfs_ino", pidfs_ino)
+
+    def _fields(self) -> tuple[int, int, str, int]:
+        return (self.pid, self.start_time, self.boot_id, self.pidfs_ino)
+
+    def replace(
+        self,
+        *,
+        pid: int | None = None,
+        start_time: int | None = None,
+        boot_id: str | None = None,
+        pidfs_ino: int | None = None,
+    ) -> ProcessIdentity:
+        """A copy with the given fields changed."""
+        return ProcessIdentity(
+            self.pid if pid is None else pid,
+            self.start_time if start_time is None else start_time,
+            self.boot_id if boot_id is None else boot_id,
+            self.pidfs_ino if pidfs_ino is None else pidfs_ino,
+        )
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"ProcessIdentity is immutable: cannot assign {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"ProcessIdentity is immutable: cannot delete {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProcessIdentity):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        pid, start_time, boot_id, pidfs_ino = self._fields()
+        return (
+            f"ProcessIdentity(pid={pid!r}, start_time={start_time!r}, "
+            f"boot_id={boot_id!r}, pidfs_ino={pidfs_ino!r})"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ProcessIdentity, self._fields())
 
 
 def same_process(a: ProcessIdentity, b: ProcessIdentity) -> bool:
@@ -132,7 +188,7 @@ def identity_of(pid: int) -> ProcessIdentity | None:
     raise OSError(rc, f"cannot read the identity of pid {pid}: {os.strerror(rc)}")
 
 
-_self_lock = threading.Lock()
+_self_lock = allocate_lock()
 _self: ProcessIdentity | None = None
 
 
@@ -151,7 +207,7 @@ def self_identity() -> ProcessIdentity:
 def _forget_self() -> None:
     global _self, _self_lock
     _self = None
-    _self_lock = threading.Lock()
+    _self_lock = allocate_lock()
 
 
 if hasattr(os, "register_at_fork"):

@@ -9,12 +9,21 @@ matches, so a torn write, an older longer record's tail, or garbage is
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 import zlib
-from typing import Any
+
+# The template is built at every first acquisition, so by every `pylock
+# run`: json (which loads re) and socket are imported only when needed.
+try:
+    from _json import encode_basestring_ascii as _json_str  # what json.dumps uses
+except ImportError:  # pragma: no cover - interpreters without the C accelerator
+    from json.encoder import py_encode_basestring_ascii as _json_str
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MAGIC = b"pylock-record v1 "
 # Reads are bounded: a 10 MiB file at the lock path costs 64 KiB at most.
@@ -23,7 +32,9 @@ MAX_INFO = 16 * 1024
 
 
 def hostname() -> str:
-    """This host's name (socket is imported here: most users never need it)."""
+    """This host's name, as socket.gethostname() gives it."""
+    if hasattr(os, "uname"):  # gethostname(2) is the uname nodename on Linux and macOS
+        return os.uname().nodename
     import socket
 
     return socket.gethostname()
@@ -46,6 +57,8 @@ def check_info(info: dict[str, Any] | None) -> None:
         return
     if not isinstance(info, dict):
         raise TypeError(f"info must be a dict (it is recorded as JSON), not {type(info).__name__}")
+    import json
+
     encoded = json.dumps(info, separators=(",", ":"), sort_keys=True)
     if len(encoded) > MAX_INFO:
         raise ValueError(f"info is {len(encoded)} bytes as JSON; at most {MAX_INFO}")
@@ -74,7 +87,7 @@ class RecordTemplate:
         if info is not None:
             check_info(info)
             fields["info"] = info
-        body = json.dumps(fields, separators=(",", ":"))
+        body = _compact_json(fields)
         # The timestamp is the last field; the C core writes it and the "}".
         self.head = (body[:-1] + ',"acquired_at":').encode()
         self.head_crc = zlib.crc32(self.head)
@@ -83,6 +96,24 @@ class RecordTemplate:
         """The record as the C core writes it (for tools and tests)."""
         stamp = b"%.6f}" % (time.time() if now is None else now)
         return encode(self.head + stamp)
+
+
+def _compact_json(value: Any) -> str:
+    """json.dumps(value, separators=(",", ":")), byte for byte, without json's
+    import for what a record's own fields hold (ints, strings, lists of them)."""
+    if isinstance(value, str):
+        return _json_str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int.__repr__(value)
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return "[" + ",".join([_json_str(item) for item in value]) + "]"
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return (
+            "{" + ",".join([f"{_json_str(k)}:{_compact_json(v)}" for k, v in value.items()]) + "}"
+        )
+    import json  # anything else (the caller's info): json itself
+
+    return json.dumps(value, separators=(",", ":"))
 
 
 def encode(payload: bytes) -> bytes:
@@ -105,6 +136,8 @@ def parse(raw: bytes) -> dict[str, Any] | None:
     payload = raw[end + 1 : end + 1 + length]
     if len(payload) != length or zlib.crc32(payload) != crc:
         return None
+    import json
+
     try:
         fields = json.loads(payload)
     except ValueError:

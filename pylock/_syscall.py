@@ -5,10 +5,13 @@ from __future__ import annotations
 import errno
 import os
 import time
-from typing import NoReturn
 
 from ._errors import NOT_REGULAR, SYMLINK, LockFileError, advice_for
 from ._native import ffi, lib
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs a millisecond
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 if (lib.PL_E_SYMLINK, lib.PL_E_NOTREG) != (SYMLINK, NOT_REGULAR):
     raise ImportError("pylock._native does not match this pylock package: reinstall pylock")

@@ -6,7 +6,6 @@ Real processes only.  The same module runs under the seccomp launcher
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -176,17 +175,17 @@ def test_self_identity_is_cached_and_renewed_in_a_forked_child() -> None:
 def test_same_process() -> None:
     a = ProcessIdentity(10, 500, "boot-a", 77)
     assert same_process(a, a)
-    assert not same_process(a, dataclasses.replace(a, pid=11))
-    assert not same_process(a, dataclasses.replace(a, boot_id="boot-b"))
+    assert not same_process(a, a.replace(pid=11))
+    assert not same_process(a, a.replace(boot_id="boot-b"))
     # The pidfs inode is exact when both have one ...
-    assert not same_process(a, dataclasses.replace(a, pidfs_ino=78))
-    assert same_process(a, dataclasses.replace(a, start_time=501))
+    assert not same_process(a, a.replace(pidfs_ino=78))
+    assert same_process(a, a.replace(start_time=501))
     # ... otherwise start time (and boot) decide.
-    no_ino = dataclasses.replace(a, pidfs_ino=0)
+    no_ino = a.replace(pidfs_ino=0)
     assert same_process(a, no_ino)
-    assert not same_process(a, dataclasses.replace(no_ino, start_time=501))
+    assert not same_process(a, no_ino.replace(start_time=501))
     # An old record without a boot id still compares by start time.
-    assert same_process(a, dataclasses.replace(a, boot_id=""))
+    assert same_process(a, a.replace(boot_id=""))
 
 
 def test_is_alive(sleeper: Sleeper) -> None:
@@ -195,10 +194,10 @@ def test_is_alive(sleeper: Sleeper) -> None:
     assert is_alive(ident)
     assert is_alive(self_identity())
     # Same pid, another start: the pid names someone else.
-    assert not is_alive(dataclasses.replace(ident, start_time=ident.start_time + 1, pidfs_ino=0))
-    assert not is_alive(dataclasses.replace(ident, boot_id="another-boot"))
+    assert not is_alive(ident.replace(start_time=ident.start_time + 1, pidfs_ino=0))
+    assert not is_alive(ident.replace(boot_id="another-boot"))
     if ident.pidfs_ino:
-        assert not is_alive(dataclasses.replace(ident, pidfs_ino=ident.pidfs_ino + 1))
+        assert not is_alive(ident.replace(pidfs_ino=ident.pidfs_ino + 1))
     sleeper.zombify()
     assert not is_alive(ident)  # a zombie has exited
     sleeper.proc.wait()
@@ -227,9 +226,7 @@ def test_pin_verifies_after_pinning(sleeper: Sleeper) -> None:
     try:
         assert not pinned.exited()
         assert pinned.identity() == ident
-        assert (
-            _process.pin(sleeper.pid, dataclasses.replace(ident, start_time=1, pidfs_ino=0)) is None
-        )
+        assert _process.pin(sleeper.pid, ident.replace(start_time=1, pidfs_ino=0)) is None
         sleeper.zombify()
         assert pinned.exited()
         assert pinned.identity() == ident  # a zombie still has its identity ...

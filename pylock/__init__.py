@@ -18,8 +18,13 @@ from ._lock import Lock
 
 TYPE_CHECKING = False  # typing itself is not imported at run time
 if TYPE_CHECKING:
+    from . import metrics
+    from ._dirs import UnsafeDirectory, runtime_dir
     from ._exit import ExitWatcher, ProcessExit, holder_exit, wait_exit
     from ._holder import Holder, holders
+    from ._ports import PortInUse, PortSocket, bind_port, port_lock
+    from ._singleton import TakeoverRefused, singleton, singleton_async
+    from ._unixsock import SocketInUse, claim_unix_socket
 
 # "import pylock" stays about as cheap as starting the interpreter: the
 # exit-notification API (asyncio costs more than all of the rest) and the
@@ -31,6 +36,19 @@ _LAZY = {
     "wait_exit": "_exit",
     "Holder": "_holder",
     "holders": "_holder",
+    # The daemon kit: singletons, ports, sockets (socket, signal and more).
+    "TakeoverRefused": "_singleton",
+    "singleton": "_singleton",
+    "singleton_async": "_singleton",
+    "PortInUse": "_ports",
+    "PortSocket": "_ports",
+    "bind_port": "_ports",
+    "port_lock": "_ports",
+    "SocketInUse": "_unixsock",
+    "claim_unix_socket": "_unixsock",
+    "UnsafeDirectory": "_dirs",
+    "runtime_dir": "_dirs",
+    "metrics": "",  # the submodule itself
 }
 
 
@@ -40,6 +58,8 @@ def __getattr__(name: str) -> object:
         raise AttributeError(f"module 'pylock' has no attribute {name!r}")
     from importlib import import_module
 
+    if not module:
+        return import_module(f"{__name__}.{name}")
     value = getattr(import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
@@ -54,11 +74,23 @@ __all__ = [
     "LockHeld",
     "LockTimeout",
     "NotHeld",
+    "PortInUse",
+    "PortSocket",
     "ProcessExit",
     "ReentrantAcquire",
+    "SocketInUse",
+    "TakeoverRefused",
+    "UnsafeDirectory",
     "UnsafeFilesystem",
+    "bind_port",
+    "claim_unix_socket",
     "holder_exit",
     "holders",
+    "metrics",
+    "port_lock",
+    "runtime_dir",
+    "singleton",
+    "singleton_async",
     "wait_exit",
 ]
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from typing import Any, Union
 
     from ._holder import Holder
+    from .metrics import LockStats
 
     _Owner = Union[int, tuple[str, int]]
 
@@ -51,6 +52,10 @@ def _task_owner() -> _Owner:
 
     task = asyncio.current_task()
     return ("task", id(task)) if task is not None else _get_ident()
+
+
+# pylock.metrics while enabled (None: off, and each hook costs one check).
+_observer: Any = None
 
 
 # Waits longer than this (about 146 years) are waits without a timeout.
@@ -233,6 +238,8 @@ class Lock:
             guard.release()
             raise
         self._owner = owner
+        if _observer is not None:
+            _observer.acquired(self)
         return True
 
     def _acquire_slow(
@@ -240,6 +247,8 @@ class Lock:
     ) -> None:
         """The lock was held, the file moved, or the record failed (rc < 0)."""
         handle = self._handle
+        if _observer is not None and rc == errno.EWOULDBLOCK:
+            _observer.conflicted(self)
         while rc > 0:  # < 0: held, but the record could not be written
             if rc == errno.EWOULDBLOCK:
                 if not blocking or (deadline is not None and deadline <= time.monotonic()):
@@ -291,6 +300,8 @@ class Lock:
             )
 
     def _raise_held(self, blocking: bool, timeout: float | None) -> None:
+        if _observer is not None:
+            _observer.gave_up(self)
         from ._holder import find_holder
 
         holder = find_holder(self.path, known_held=True)
@@ -332,6 +343,8 @@ class Lock:
         try:
             handle = self._handle if self._handle >= 0 else self._open()
             rc = _acquire(self._lf)
+            if _observer is not None and rc == errno.EWOULDBLOCK:
+                _observer.conflicted(self)
             while rc > 0:  # < 0: held, but the record could not be written
                 if rc == errno.EWOULDBLOCK:
                     if deadline is not None and deadline <= time.monotonic():
@@ -344,6 +357,8 @@ class Lock:
             if rc:
                 self._warn_no_record(-rc)
             self._owner = owner
+            if _observer is not None:
+                _observer.acquired(self)
         except BaseException:
             self._guard.release()
             self._wake_object_waiter()
@@ -432,6 +447,8 @@ class Lock:
         """
         if self._owner is None:
             raise NotHeld(f"{self.path}: release() of a lock this Lock object does not hold")
+        if _observer is not None:
+            _observer.released(self)
         if unlink:
             self._unlink_while_holding()
         _unlock(self._handle)
@@ -469,6 +486,13 @@ class Lock:
         from ._holder import find_holder
 
         return find_holder(self.path)
+
+    @property
+    def stats(self) -> LockStats:
+        """This lock's counters in this process (all zero unless pylock.metrics is enabled)."""
+        from .metrics import stats_of
+
+        return stats_of(self.path)
 
     # -- context managers ---------------------------------------------------
 

@@ -123,11 +123,13 @@ def port_dir() -> str:
         return path
     try:
         _make_dir(path, 0o1777)
-    except PermissionError:
-        pass  # made by another user or the administrator: checked below
     except OSError as exc:
-        if exc.errno != errno.EEXIST:
-            raise LockError(f"cannot create port lock directory {path}: {exc.strerror}") from None
+        # EPERM from chmod: made by another user an instant ago; checked below.
+        if exc.errno != errno.EPERM or not os.path.isdir(path):
+            raise LockError(
+                f"cannot create the port lock directory {path}: {exc.strerror}; create it "
+                f"once for every user (mkdir -m 1777 {path}) or set {ENV_PORTS}"
+            ) from None
     st = _lstat_dir(path)
     if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
         raise UnsafeDirectory(

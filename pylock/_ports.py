@@ -235,12 +235,7 @@ def user_name(uid: int) -> str:
 
 
 def _program(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = [part.decode("utf-8", "replace") for part in f.read(4096).split(b"\0") if part]
-    except OSError:
-        return "?"
-    if not argv:
-        return "?"
-    text = " ".join([os.path.basename(argv[0]), *argv[1:]])
-    return text if len(text) <= 60 else text[:57] + "..."
+    """pid's command line, shortened to one readable line as holders are."""
+    from ._holder import Holder, _cmdline
+
+    return Holder(pid=pid, argv=_cmdline(pid)).command() or "?"

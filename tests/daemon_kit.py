@@ -9,6 +9,7 @@ protocol over pipes like the other tests' children.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import traceback
@@ -66,10 +67,8 @@ class AsUser:
 
     def close(self) -> None:
         if self.status is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.wait()
         self.out.close()
         self.inp.close()

@@ -1,0 +1,101 @@
+"""examples/daemon.py, run for real: started twice (refused), restarted with takeover."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO_ROOT, env_with_repo
+
+EXAMPLE = os.path.join(REPO_ROOT, "examples", "daemon.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(data: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, EXAMPLE, "--data", str(data), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env_with_repo(),
+    )
+
+
+def ready(proc: subprocess.Popen[str]) -> dict[str, str]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("ready"), (
+        f"not ready: {line!r} {proc.stderr.read() if proc.stderr else ''}"
+    )
+    return dict(word.split("=", 1) for word in line.split()[1:])
+
+
+def ping(path: str) -> str:
+    with socket.socket(socket.AF_UNIX) as client:
+        client.connect(path)
+        client.sendall(b"ping\n")
+        return client.recv(100).decode().strip()
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_started_twice_then_restarted_with_takeover(tmp_path, procs, monkeypatch):
+    monkeypatch.setenv("PYLOCK_PORT_DIR", str(tmp_path / "ports"))
+    (tmp_path / "half.partial").write_text("left by a crash")
+    port = str(free_port())
+
+    first = start(tmp_path, "--metrics-port", port)
+    procs.append(first)
+    facts = ready(first)
+    assert facts["pid"] == str(first.pid) and facts["recovered"] == "1"
+    assert ping(facts["socket"]) == f"pong {first.pid}"
+
+    second = start(tmp_path, "--metrics-port", port)
+    procs.append(second)
+    _, err = second.communicate(timeout=60)
+    assert second.returncode == 75
+    assert f"held by pid {first.pid}" in err
+    assert ping(facts["socket"]) == f"pong {first.pid}"  # the refused start touched nothing
+
+    with urllib.request.urlopen(facts["metrics"], timeout=30) as response:
+        text = response.read().decode()
+    assert "pylock_lock_hold_seconds" in text or '"acquisitions"' in text
+
+    third = start(tmp_path, "--takeover", "10", "--metrics-port", port)
+    procs.append(third)
+    facts3 = ready(third)
+    assert first.wait(timeout=60) == 0  # it stopped cleanly on SIGTERM
+    assert ping(facts3["socket"]) == f"pong {third.pid}"
+    with urllib.request.urlopen(facts3["metrics"], timeout=30) as response:
+        assert response.status == 200
+
+
+def test_a_killed_daemons_socket_is_replaced(tmp_path, procs, monkeypatch):
+    first = start(tmp_path)
+    procs.append(first)
+    facts = ready(first)
+    first.kill()
+    first.wait()
+    assert os.path.exists(facts["socket"])  # left behind by the kill
+    again = start(tmp_path)
+    procs.append(again)
+    assert ping(ready(again)["socket"]) == f"pong {again.pid}"

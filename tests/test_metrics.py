@@ -1,0 +1,198 @@
+"""Lock metrics: counters after scripted contention, the Prometheus text output, off by default."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import pylock
+from pylock import _lock, metrics
+from tests.support import env_with_repo
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, pylock
+    lock = pylock.Lock(sys.argv[1])
+    lock.acquire()
+    print("locked", flush=True)
+    sys.stdin.readline()
+    lock.release()
+    print("released", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+@pytest.fixture
+def observed():
+    metrics.reset()
+    metrics.enable()
+    yield
+    metrics.disable()
+    metrics.reset()
+
+
+def test_off_by_default_and_nothing_counted():
+    assert _lock._observer is None and not metrics.enabled()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import pylock, sys; from pylock import _lock; l = pylock.Lock(sys.argv[1]); "
+            "l.acquire(); l.release(); print(_lock._observer, l.stats.acquisitions, "
+            "'pylock.metrics' in sys.modules)",
+            "/tmp/pylock-metrics-off.lock",
+        ],
+        capture_output=True,
+        text=True,
+        env=env_with_repo(),
+        check=True,
+    )
+    # The hooks found no observer, and stats (asked after) shows nothing counted.
+    assert out.stdout.split() == ["None", "0", "True"]
+
+
+def test_counters_after_scripted_contention(tmp_path, observed):
+    path = str(tmp_path / "x.lock")
+    lock = pylock.Lock(path)
+    for _ in range(3):
+        lock.acquire()
+        lock.release()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env_with_repo(),
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(pylock.LockHeld):
+            lock.acquire(blocking=False)  # conflict 1, given up at once
+        with pytest.raises(pylock.LockTimeout):
+            lock.acquire(timeout=0.1)  # conflict 2, waited at least 0.1 s
+        assert lock.stats.conflicts == 2
+        assert lock.stats.waited >= 0.1
+
+        got = threading.Event()
+
+        def waiter() -> None:
+            lock.acquire(timeout=60)  # conflict 3: waits until the holder releases
+            got.set()
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        while lock.stats.conflicts < 3:  # the waiter found it held and is waiting
+            time.sleep(0.001)
+        started = time.monotonic()
+        time.sleep(0.05)  # held a while longer, so the wait has a lower bound
+        holder.stdin.write("release\n")
+        holder.stdin.flush()
+        thread.join()
+        floor = time.monotonic() - started
+        assert got.is_set() and lock.locked
+        lock.release()
+    finally:
+        holder.stdin.close()
+        holder.wait()
+
+    stats = lock.stats
+    assert stats.acquisitions == 4
+    assert stats.releases == 4
+    assert stats.conflicts == 3
+    assert sum(stats.wait_buckets) == 3  # three contended attempts ended
+    assert stats.waited >= 0.1 + floor * 0.99
+    assert stats.held > 0 and sum(stats.hold_buckets) == 4
+    assert metrics.snapshot()[path] == stats
+    assert metrics.total().conflicts >= 3
+
+
+def test_prometheus_text_output(tmp_path, observed):
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    path = str(tmp_path / "p.lock")
+    lock = pylock.Lock(path)
+    other = pylock.Lock(path)  # another object on the same file: the same lock
+    lock.acquire()
+    for _ in range(2):
+        with pytest.raises(pylock.LockHeld):
+            other.acquire(blocking=False)
+    lock.release()
+    other.acquire()
+    other.release()
+
+    registry = prometheus_client.CollectorRegistry()
+    metrics.register(registry)
+    text = prometheus_client.generate_latest(registry).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted({"lock": path, **labels}.items())))]
+
+    assert value("pylock_lock_conflicts_total") == 2
+    assert value("pylock_lock_hold_seconds_count") == 2
+    assert value("pylock_lock_hold_seconds_bucket", le="+Inf") == 2
+    assert value("pylock_lock_hold_seconds_sum") == pytest.approx(lock.stats.held)
+    assert value("pylock_lock_wait_seconds_count") == 2
+    assert value("pylock_lock_wait_seconds_sum") == pytest.approx(lock.stats.waited)
+    bounds = [
+        dict(labels)["le"]
+        for (name, labels) in samples
+        if name == "pylock_lock_hold_seconds_bucket" and dict(labels)["lock"] == path
+    ]
+    assert len(bounds) == len(metrics.BUCKETS) + 1
+    counts = [value("pylock_lock_hold_seconds_bucket", le=le) for le in bounds]
+    assert counts == sorted(counts)  # cumulative
+
+
+def test_debug_logging_of_acquisitions(tmp_path, caplog):
+    metrics.enable(log_acquisitions=True)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="pylock"):
+            lock = pylock.Lock(tmp_path / "l.lock")
+            lock.acquire()
+            lock.release()
+    finally:
+        metrics.disable()
+    assert f"acquired {lock.path}" in caplog.text and f"released {lock.path}" in caplog.text
+
+
+def test_enabling_while_held_counts_from_the_next_acquisition(tmp_path):
+    metrics.reset()
+    lock = pylock.Lock(tmp_path / "e.lock")
+    lock.acquire()
+    metrics.enable()
+    try:
+        lock.release()  # taken before: no hold to measure
+        assert lock.stats.releases == 0
+        lock.acquire()
+        lock.release()
+        assert lock.stats.acquisitions == 1 and lock.stats.releases == 1
+    finally:
+        metrics.disable()
+        metrics.reset()
+
+
+def test_async_acquisitions_are_counted(tmp_path, observed):
+    import asyncio
+
+    lock = pylock.Lock(tmp_path / "a.lock")
+
+    async def main() -> None:
+        async with lock:
+            pass
+
+    asyncio.run(main())
+    assert lock.stats.acquisitions == 1 and lock.stats.releases == 1

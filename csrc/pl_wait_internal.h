@@ -24,9 +24,4 @@ int pl__wait_end(pl_waiter *w, int rc, int saved_errno);
 /* Nonzero once pl_waiter_cancel has been called on w. */
 int pl__wait_cancelled(pl_waiter *w);
 
-/* POSIX (sigchld_posix.c): the read end of the SIGCHLD self-pipe, creating
- * it and installing (or re-installing, in front of a newer handler) the
- * chaining handler. */
-int pl__sigchld_pipe(int64_t *fd);
-
 #endif

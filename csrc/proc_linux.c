@@ -1,6 +1,9 @@
 /*
- * pylock's C core, processes on Linux: pidfd pinning, /proc identity and the
- * SIGCHLD fallback for kernels (or seccomp policies) without pidfd_open.
+ * pylock's C core, processes on Linux: pidfd pinning, /proc identity, and
+ * for kernels (or seccomp policies) without pidfd_open the facts the
+ * fallback needs: SIGCHLD masks and cheap identity checks of many
+ * processes.  What Linux shares with macOS is in proc_posix.c and
+ * sigchld_posix.c.
  */
 #ifdef __linux__
 
@@ -17,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/vfs.h>
@@ -25,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pl_proc_internal.h"
 #include "pl_wait_internal.h"
 
 /* Debian 12 (glibc 2.36, linux 6.1 headers) lacks several of these. */
@@ -90,11 +93,6 @@ static int64_t pid_max(void)
     if (read_small("/proc/sys/kernel/pid_max", buf, sizeof buf, &len) != 0)
         return INT_MAX; /* /proc not mounted: the kernel range check decides */
     return strtoll(buf, NULL, 10);
-}
-
-static int valid_pid(int64_t pid)
-{
-    return pid > 0 && pid <= INT_MAX;
 }
 
 static pthread_once_t boot_once = PTHREAD_ONCE_INIT;
@@ -216,7 +214,7 @@ int pl_proc_open(int64_t pid, pl_handle *out)
 {
     int fd;
 
-    if (!valid_pid(pid))
+    if (!pl__valid_pid(pid))
         return EINVAL;
     fd = sys_pidfd_open(pid);
     if (fd >= 0) {
@@ -268,7 +266,7 @@ int pl_proc_identity(pl_handle h, int64_t pid, pl_identity *out)
 {
     char state;
 
-    if (!valid_pid(pid))
+    if (!pl__valid_pid(pid))
         return EINVAL;
     return pinned_identity((int)h, pid, out, &state);
 }
@@ -285,7 +283,7 @@ int pl_identity_of(int64_t pid, pl_identity *out)
     char state = 0;
     int rc;
 
-    if (!valid_pid(pid))
+    if (!pl__valid_pid(pid))
         return EINVAL;
     rc = pl_proc_open(pid, &h);
     if (rc == 0) {
@@ -357,11 +355,6 @@ int pl_proc_wait(pl_handle h, int64_t timeout_ns, pl_waiter *w)
     return 0;
 }
 
-static int decode_status(int code, int status)
-{
-    return code == CLD_EXITED ? status : -status;
-}
-
 static int decode_wait_status(int wstatus, int *returncode)
 {
     if (WIFEXITED(wstatus)) {
@@ -375,40 +368,19 @@ static int decode_wait_status(int wstatus, int *returncode)
     return ENODATA;
 }
 
-/* waitid(WNOWAIT) on an exited child: 0 with *exited set, or an errno. */
-static int child_status(idtype_t idtype, id_t id, int *exited, int *returncode)
-{
-    siginfo_t si;
-    int r;
-
-    memset(&si, 0, sizeof si);
-    do {
-        r = waitid(idtype, id, &si, WEXITED | WNOHANG | WNOWAIT);
-    } while (r < 0 && errno == EINTR);
-    if (r < 0)
-        return errno;
-    if (si.si_pid == 0) {
-        *exited = 0;
-        return 0;
-    }
-    *exited = 1;
-    *returncode = decode_status(si.si_code, si.si_status);
-    return 0;
-}
-
 int pl_proc_returncode(pl_handle h, int64_t pid, int *returncode)
 {
     int fd = (int)h, exited = 0, rc;
 
-    if (!valid_pid(pid))
+    if (!pl__valid_pid(pid))
         return EINVAL;
     /* Our child, not reaped yet: read without reaping. */
-    rc = child_status(P_PIDFD, (id_t)fd, &exited, returncode);
+    rc = pl__child_status(P_PIDFD, (id_t)fd, &exited, returncode);
     if (rc == EINVAL) {
         /* Before 5.4 waitid does not take a pidfd.  By pid, then make sure
          * the pidfd's process was still unreaped after the read, so the
          * answer was not about a newcomer with the same pid. */
-        rc = child_status(P_PID, (id_t)pid, &exited, returncode);
+        rc = pl__child_status(P_PID, (id_t)pid, &exited, returncode);
         if (rc == 0 && pidfd_reaped(fd) == 1)
             rc = ECHILD;
     }
@@ -436,55 +408,7 @@ int pl_proc_event_fd(pl_handle h, int64_t *fd)
 }
 
 /* ------------------------------------------------------------------ */
-/* fallback: children through SIGCHLD                                   */
-
-int pl_child_poll(int64_t pid, int *exited, int *returncode)
-{
-    if (!valid_pid(pid))
-        return EINVAL;
-    *exited = 0;
-    return child_status(P_PID, (id_t)pid, exited, returncode);
-}
-
-/* SIGCHLD wakeups: a signalfd when SIGCHLD is blocked in every thread (a
- * handler would never run then), else the chaining self-pipe shared with
- * macOS (sigchld_posix.c).  Decided at the first call, once per process. */
-static pthread_mutex_t sig_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t sig_atfork_once = PTHREAD_ONCE_INIT;
-static int sig_kind; /* 0 undecided, 1 signalfd, 2 self-pipe */
-static int sig_fd = -1;
-
-static void sig_atfork_prepare(void)
-{
-    pthread_mutex_lock(&sig_mu);
-}
-
-static void sig_atfork_parent(void)
-{
-    pthread_mutex_unlock(&sig_mu);
-}
-
-/* A forked child gets its own signalfd under the same number: an inherited
- * signalfd is not reported by poll/epoll in the child. */
-static void sig_atfork_child(void)
-{
-    if (sig_kind == 1) {
-        sigset_t set;
-        sigemptyset(&set);
-        sigaddset(&set, SIGCHLD);
-        int n = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-        if (n >= 0) {
-            dup3(n, sig_fd, O_CLOEXEC);
-            close(n);
-        }
-    }
-    pthread_mutex_init(&sig_mu, NULL);
-}
-
-static void sig_register_atfork(void)
-{
-    pthread_atfork(sig_atfork_prepare, sig_atfork_parent, sig_atfork_child);
-}
+/* fallback: SIGCHLD masks, and the identity checks of non-children     */
 
 static int blocked_in_status(const char *path)
 {
@@ -500,9 +424,9 @@ static int blocked_in_status(const char *path)
     return (mask >> (SIGCHLD - 1)) & 1ULL ? 1 : 0;
 }
 
-/* Is SIGCHLD blocked in every thread?  Any thread that does not block it
- * receives process-directed SIGCHLD, and a signalfd would then miss it. */
-static int sigchld_blocked_everywhere(void)
+/* Any thread that does not block SIGCHLD takes process-directed SIGCHLD,
+ * and pylock's handler runs there. */
+int pl__sigchld_blocked_everywhere(void)
 {
     sigset_t cur;
     char path[64];
@@ -527,34 +451,79 @@ static int sigchld_blocked_everywhere(void)
     return all;
 }
 
-int pl_sigchld_open(int64_t *fd)
-{
-    int rc = 0;
+/* /proc/loadavg ends with "running/threads last_pid": the number of tasks
+ * on the machine (it drops when one is reaped) and the last pid handed out
+ * in this pid namespace (it moves when one is created).  One read of a
+ * small file, whatever the number of watched processes. */
+static int loadavg_fd = -1;
+static pthread_mutex_t loadavg_mu = PTHREAD_MUTEX_INITIALIZER;
 
-    pthread_once(&sig_atfork_once, sig_register_atfork);
-    pthread_mutex_lock(&sig_mu);
-    if (sig_kind == 0) {
-        if (sigchld_blocked_everywhere()) {
-            sigset_t set;
-            sigemptyset(&set);
-            sigaddset(&set, SIGCHLD);
-            int n = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-            if (n < 0) {
-                rc = errno;
-            } else {
-                sig_fd = n;
-                sig_kind = 1;
-            }
-        } else {
-            sig_kind = 2;
-        }
+int pl_procs_fingerprint(uint64_t *tasks, int64_t *last_pid)
+{
+    char buf[128];
+    ssize_t n;
+
+    pthread_mutex_lock(&loadavg_mu);
+    if (loadavg_fd < 0) {
+        do {
+            loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+        } while (loadavg_fd < 0 && errno == EINTR);
     }
-    if (rc == 0 && sig_kind == 1)
-        *fd = sig_fd;
-    pthread_mutex_unlock(&sig_mu);
-    if (rc == 0 && sig_kind == 2)
-        rc = pl__sigchld_pipe(fd);
-    return rc;
+    if (loadavg_fd < 0) {
+        int e = errno;
+        pthread_mutex_unlock(&loadavg_mu);
+        return e;
+    }
+    do {
+        n = pread(loadavg_fd, buf, sizeof buf - 1, 0);
+    } while (n < 0 && errno == EINTR);
+    int e = n < 0 ? errno : 0;
+    pthread_mutex_unlock(&loadavg_mu);
+    if (n < 0)
+        return e;
+    buf[n] = '\0';
+    char *slash = strchr(buf, '/');
+    if (slash == NULL)
+        return EIO;
+    char *end;
+    *tasks = strtoull(slash + 1, &end, 10);
+    if (end == slash + 1)
+        return EIO;
+    *last_pid = strtoll(end, NULL, 10);
+    return 0;
+}
+
+int pl_procs_gone(const int64_t *pids, const uint64_t *start_times, int64_t n,
+                  int64_t exact_after, int64_t exact_upto, uint8_t *gone)
+{
+    for (int64_t i = 0; i < n; i++) {
+        int64_t pid = pids[i];
+        gone[i] = 0;
+        if (!pl__valid_pid(pid)) {
+            gone[i] = 1;
+            continue;
+        }
+        int exact = exact_after < exact_upto ? (pid > exact_after && pid <= exact_upto)
+                                             : (pid > exact_after || pid <= exact_upto);
+        if (exact_after == exact_upto)
+            exact = 0;
+        if (!exact) {
+            /* The cheapest question the kernel answers about any pid, with
+             * no permission check: does it exist (a zombie does)? */
+            if (getpgid((pid_t)pid) < 0 && errno == ESRCH)
+                gone[i] = 1;
+            continue;
+        }
+        uint64_t start = 0;
+        char state = 0;
+        int rc = read_stat(pid, &start, &state);
+        if (rc == ESRCH || (rc == 0 && (is_dead_state(state) ||
+                                        (start_times[i] != 0 && start != start_times[i]))))
+            gone[i] = 1;
+        else if (rc != 0 && rc != EACCES && rc != EPERM)
+            return rc;
+    }
+    return 0;
 }
 
 #endif /* __linux__ */

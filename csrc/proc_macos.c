@@ -1,7 +1,8 @@
 /*
  * pylock's C core on macOS, processes: identity from sysctl(KERN_PROC),
  * exit notification from a kqueue with EVFILT_PROC/NOTE_EXIT, and the
- * SIGCHLD fallback primitives.
+ * fallback's identity checks.  What macOS shares with Linux is in
+ * proc_posix.c and sigchld_posix.c.
  *
  * A process handle is a kqueue owning one EVFILT_PROC registration.  The
  * kernel delivers NOTE_EXIT once (EVFILT_PROC is edge-triggered), so the
@@ -14,6 +15,7 @@
 
 #define _DARWIN_C_SOURCE 1
 
+#include "pl_proc_internal.h"
 #include "pl_wait_internal.h"
 #include "pylock.h"
 #include "pylock_proc.h"
@@ -40,11 +42,6 @@
 #define MARK_STATUS_KNOWN 0x20000u
 
 /* ---- identity ----------------------------------------------------- */
-
-static int valid_pid(int64_t pid)
-{
-    return pid > 0 && pid <= INT_MAX;
-}
 
 static int kinfo_of(int64_t pid, struct kinfo_proc *kp)
 {
@@ -103,7 +100,7 @@ int pl_identity_of(int64_t pid, pl_identity *out)
 {
     struct kinfo_proc kp;
     int rc;
-    if (!valid_pid(pid))
+    if (!pl__valid_pid(pid))
         return EINVAL;
     if ((rc = kinfo_of(pid, &kp)) != 0)
         return rc;
@@ -192,7 +189,7 @@ int pl_proc_open(int64_t pid, pl_handle *out)
     struct kevent ev;
     struct kinfo_proc kp;
     int kq, rc;
-    if (!valid_pid(pid))
+    if (!pl__valid_pid(pid))
         return EINVAL;
     kq = kqueue();
     if (kq < 0)
@@ -245,7 +242,7 @@ int pl_proc_identity(pl_handle h, int64_t pid, pl_identity *out)
 {
     struct kinfo_proc kp;
     int rc, exited;
-    if (!valid_pid(pid))
+    if (!pl__valid_pid(pid))
         return EINVAL;
     if ((rc = kinfo_of(pid, &kp)) != 0)
         return rc;
@@ -311,27 +308,11 @@ static int decode_status(int status)
     return status;
 }
 
-static int child_status(int64_t pid, int *exited, int *returncode)
-{
-    siginfo_t si;
-    for (;;) {
-        memset(&si, 0, sizeof si);
-        if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0)
-            break;
-        if (errno != EINTR)
-            return errno;
-    }
-    *exited = si.si_pid != 0;
-    if (*exited)
-        *returncode = si.si_code == CLD_EXITED ? si.si_status : -si.si_status;
-    return 0;
-}
-
 int pl_proc_returncode(pl_handle h, int64_t pid, int *returncode)
 {
     uintptr_t mark = 0;
     int rc, exited;
-    if (!valid_pid(pid))
+    if (!pl__valid_pid(pid))
         return EINVAL;
     if ((rc = poll_mark((int)h, &exited, &mark)) != 0)
         return rc;
@@ -342,7 +323,7 @@ int pl_proc_returncode(pl_handle h, int64_t pid, int *returncode)
         return 0;
     }
     /* Our own child, not yet reaped: read its status without reaping. */
-    rc = child_status(pid, &exited, returncode);
+    rc = pl__child_status(P_PID, (id_t)pid, &exited, returncode);
     if (rc == 0 && exited)
         return 0;
     return rc == 0 || rc == ECHILD ? ENODATA : rc;
@@ -354,20 +335,50 @@ int pl_proc_event_fd(pl_handle h, int64_t *fd)
     return 0;
 }
 
-/* ---- fallback: SIGCHLD -------------------------------------------- */
+/* ---- fallback ----------------------------------------------------- */
 
-int pl_child_poll(int64_t pid, int *exited, int *returncode)
+/* macOS cannot read other threads' signal masks: judge by this thread's,
+ * and when it blocks SIGCHLD say nobody may hear it (the caller then
+ * checks more often rather than missing exits). */
+int pl__sigchld_blocked_everywhere(void)
 {
-    if (!valid_pid(pid))
-        return EINVAL;
-    *returncode = 0;
-    return child_status(pid, exited, returncode);
+    sigset_t cur;
+    return pthread_sigmask(SIG_BLOCK, NULL, &cur) == 0 && sigismember(&cur, SIGCHLD);
 }
 
-/* macOS has no signalfd: always the self-pipe (sigchld_posix.c). */
-int pl_sigchld_open(int64_t *fd)
+/* No cheap machine-wide fingerprint: the caller checks every process. */
+int pl_procs_fingerprint(uint64_t *tasks, int64_t *last_pid)
 {
-    return pl__sigchld_pipe(fd);
+    (void)tasks;
+    (void)last_pid;
+    return ENOSYS;
+}
+
+int pl_procs_gone(const int64_t *pids, const uint64_t *start_times, int64_t n,
+                  int64_t exact_after, int64_t exact_upto, uint8_t *gone)
+{
+    (void)exact_after; /* one sysctl answers both questions */
+    (void)exact_upto;
+    for (int64_t i = 0; i < n; i++) {
+        struct kinfo_proc kp;
+        gone[i] = 0;
+        if (!pl__valid_pid(pids[i])) {
+            gone[i] = 1;
+            continue;
+        }
+        int rc = kinfo_of(pids[i], &kp);
+        if (rc == ESRCH) {
+            gone[i] = 1;
+        } else if (rc != 0) {
+            return rc;
+        } else {
+            const struct timeval *st = &kp.kp_proc.p_starttime;
+            uint64_t start = (uint64_t)st->tv_sec * 1000000u + (uint64_t)st->tv_usec;
+            if (kp.kp_proc.p_stat == SZOMB || (start_times[i] != 0 && start != start_times[i]))
+                gone[i] = 1;
+        }
+    }
+    return 0;
 }
 
 #endif /* __APPLE__ */

@@ -47,11 +47,27 @@ int pl_proc_event_fd(pl_handle h, int64_t *fd);
 /* Has our child pid exited?  waitid(WNOWAIT): never reaps.  ECHILD when
  * pid is not our child. */
 int pl_child_poll(int64_t pid, int *exited, int *returncode);
-/* A descriptor that becomes readable when SIGCHLD arrives: signalfd when
- * SIGCHLD is blocked in every thread, else a self-pipe fed by a handler
- * that chains to the previous one.  Drain it after each wakeup. */
-int pl_sigchld_open(int64_t *fd);
+/* A descriptor that becomes readable when SIGCHLD arrives: a self-pipe fed
+ * by pylock's handler, which chains to the previous one with its flags.
+ * *heard = 0 when pylock's handler is not the one in place (the program
+ * installed its own since) or no thread can take SIGCHLD: exits are then
+ * only seen by the caller's periodic checks.  ECHILD when the kernel reaps
+ * children itself (SIGCHLD ignored, SA_NOCLDWAIT).  Never consumes a
+ * signal.  Drain the descriptor after each wakeup. */
+int pl_sigchld_open(int64_t *fd, int *heard);
 int pl_sigchld_drain(int64_t fd);
+/* A fingerprint of task creation and release on this machine, equal
+ * between two reads only if no task was created or reaped in between (as
+ * far as this pid namespace shows; Linux).  ENOSYS elsewhere. */
+int pl_procs_fingerprint(uint64_t *tasks, int64_t *last_pid);
+/* For each of n processes: gone[i] = 1 when pids[i] no longer runs the
+ * process that started at start_times[i] (0: any).  Pids in the range
+ * (exact_after, exact_upto] (wrapping around when exact_after is the
+ * larger; empty when equal) get the exact check: state and start time
+ * (a zombie, a recycled pid).  The others are only asked whether they
+ * exist at all (one cheap syscall; a zombie exists). */
+int pl_procs_gone(const int64_t *pids, const uint64_t *start_times, int64_t n,
+                  int64_t exact_after, int64_t exact_upto, uint8_t *gone);
 /* CDEF-END */
 
 #endif

@@ -239,15 +239,37 @@ int pl_child_poll(int64_t pid, int *exited, int *returncode)
     return ENOSYS;
 }
 
-int pl_sigchld_open(int64_t *fd)
+int pl_sigchld_open(int64_t *fd, int *heard)
 {
     (void)fd;
+    (void)heard;
     return ENOSYS;
 }
 
 int pl_sigchld_drain(int64_t fd)
 {
     (void)fd;
+    return ENOSYS;
+}
+
+/* Windows always pins with a process handle: the fallback's identity
+ * checks have no use there. */
+int pl_procs_fingerprint(uint64_t *tasks, int64_t *last_pid)
+{
+    (void)tasks;
+    (void)last_pid;
+    return ENOSYS;
+}
+
+int pl_procs_gone(const int64_t *pids, const uint64_t *start_times, int64_t n,
+                  int64_t exact_after, int64_t exact_upto, uint8_t *gone)
+{
+    (void)pids;
+    (void)start_times;
+    (void)n;
+    (void)exact_after;
+    (void)exact_upto;
+    (void)gone;
     return ENOSYS;
 }
 

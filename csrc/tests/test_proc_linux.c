@@ -1,6 +1,7 @@
 /*
  * Tests of pylock's Linux process core, run under ASan/UBSan by .ci/run:
- *   cc -fsanitize=address,undefined csrc/lock_posix.c csrc/proc_linux.c \
+ *   cc -fsanitize=address,undefined csrc/claim.c csrc/lock_posix.c \
+ *      csrc/proc_linux.c csrc/proc_posix.c csrc/sigchld_posix.c \
  *      csrc/tests/test_proc_linux.c -lpthread -lrt
  * Real processes throughout; synchronisation through pipes and waitid, never
  * sleeps.  Tests that change process-wide signal state run in a forked child.
@@ -538,19 +539,40 @@ static int fd_kind_is(int fd, const char *prefix)
     return n > 0 && strncmp(target, prefix, strlen(prefix)) == 0;
 }
 
+static int sa_flags_now(void)
+{
+    struct sigaction cur;
+    if (sigaction(SIGCHLD, NULL, &cur) != 0)
+        abort();
+    return cur.sa_flags;
+}
+
 static void sigchld_pipe_chains(void)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = prev_handler;
+    sa.sa_flags = SA_ONSTACK; /* what Python's signal.signal installs */
     sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGUSR2);
     CHECK(sigaction(SIGCHLD, &sa, NULL) == 0);
 
     int64_t fd = -1, again = -1;
-    CHECK(pl_sigchld_open(&fd) == 0);
+    int heard = -1;
+    CHECK(pl_sigchld_open(&fd, &heard) == 0 && heard == 1);
     CHECK(fd >= 0 && fd_kind_is((int)fd, "pipe:"));
-    CHECK(pl_sigchld_open(&again) == 0 && again == fd);
+    CHECK(pl_sigchld_open(&again, &heard) == 0 && again == fd && heard == 1);
     CHECK(!readable((int)fd, 0));
+
+    /* The program's handler keeps its semantics: no SA_RESTART added (its
+     * blocking syscalls are still interrupted), same mask and flags. */
+    struct sigaction cur;
+    CHECK(sigaction(SIGCHLD, NULL, &cur) == 0);
+    CHECK(cur.sa_flags & SA_SIGINFO);
+    CHECK(!(cur.sa_flags & SA_RESTART));
+    CHECK(cur.sa_flags & SA_ONSTACK);
+    CHECK(!(cur.sa_flags & SA_NOCLDSTOP));
+    CHECK(sigismember(&cur.sa_mask, SIGUSR2));
 
     pid_t pid = spawn_exit(5);
     CHECK(readable((int)fd, 5000));
@@ -570,25 +592,33 @@ static void sigchld_pipe_chains(void)
     reap(pid);
     pl_sigchld_drain(fd);
 
-    /* Someone replaces the handler: opening again chains in front of it. */
+    /* Someone replaces the handler: pylock does not go in front of it
+     * again (it might chain back), and says it is no longer heard. */
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = prev_info_handler;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     CHECK(sigaction(SIGCHLD, &sa, NULL) == 0);
-    CHECK(pl_sigchld_open(&again) == 0 && again == fd);
+    CHECK(pl_sigchld_open(&again, &heard) == 0 && again == fd && heard == 0);
+    CHECK(sigaction(SIGCHLD, NULL, &cur) == 0 && cur.sa_sigaction == prev_info_handler);
     pid = spawn_exit(1);
-    CHECK(readable((int)fd, 5000));
     wait_zombie(pid);
     CHECK(prev_info_calls >= 1);
+    reap(pid);
+
+    /* Back to SIG_DFL: pylock takes it again, restarting syscalls as SIG_DFL
+     * never interrupted them. */
+    signal(SIGCHLD, SIG_DFL);
+    CHECK(pl_sigchld_open(&again, &heard) == 0 && again == fd && heard == 1);
+    CHECK((sa_flags_now() & (SA_RESTART | SA_NOCLDSTOP)) == (SA_RESTART | SA_NOCLDSTOP));
+    pid = spawn_exit(1);
+    CHECK(readable((int)fd, 5000));
     reap(pid);
     CHECK(pl_sigchld_drain(fd) == 0);
 
     /* A forked child gets its own pipe under the same number. */
     struct stat mine;
     CHECK(fstat((int)fd, &mine) == 0);
-    int p[2];
-    CHECK(pipe(p) == 0);
     pid_t kid = fork();
     if (kid == 0) {
         struct stat theirs;
@@ -603,23 +633,68 @@ static void sigchld_pipe_chains(void)
     /* The child's grandchild woke only the child: our SIGCHLD is the kid's. */
     CHECK(readable((int)fd, 5000));
     pl_sigchld_drain(fd);
-    close(p[0]);
-    close(p[1]);
+}
+
+/* A handler that puts itself in front of whatever is installed, again and
+ * again, chaining to it: with pylock in front of it too, each calls the
+ * other.  pylock's handler must stop the loop (it used to overflow the
+ * stack). */
+static struct sigaction relinker_prev;
+static volatile sig_atomic_t relinker_calls;
+
+static void relinker(int sig, siginfo_t *si, void *uc)
+{
+    relinker_calls++;
+    if (relinker_calls > 100000)
+        abort(); /* a loop pylock did not stop */
+    if (relinker_prev.sa_flags & SA_SIGINFO)
+        relinker_prev.sa_sigaction(sig, si, uc);
+    else if (relinker_prev.sa_handler != SIG_DFL && relinker_prev.sa_handler != SIG_IGN)
+        relinker_prev.sa_handler(sig);
+}
+
+static void relink(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = relinker;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    CHECK(sigaction(SIGCHLD, &sa, &relinker_prev) == 0);
+}
+
+static void sigchld_chain_that_comes_back(void)
+{
+    int64_t fd = -1;
+    int heard = -1;
+    relink();                                        /* relinker -> SIG_DFL */
+    CHECK(pl_sigchld_open(&fd, &heard) == 0);        /* pylock -> relinker */
+    relink();                                        /* relinker -> pylock -> relinker */
+    pid_t pid = spawn_exit(7);
+    CHECK(readable((int)fd, 5000));
+    wait_zombie(pid);
+    CHECK(relinker_calls >= 1 && relinker_calls <= 4);
+    int exited = 0, code = 0;
+    CHECK(pl_child_poll(pid, &exited, &code) == 0 && exited == 1 && code == 7);
+    reap(pid);
 }
 
 static void sigchld_ignored(void)
 {
     int64_t fd = -1;
+    int heard = -1;
     signal(SIGCHLD, SIG_IGN);
-    CHECK(pl_sigchld_open(&fd) == ECHILD);
+    CHECK(pl_sigchld_open(&fd, &heard) == ECHILD);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = SIG_DFL;
     sa.sa_flags = SA_NOCLDWAIT;
     CHECK(sigaction(SIGCHLD, &sa, NULL) == 0);
-    CHECK(pl_sigchld_open(&fd) == ECHILD);
+    CHECK(pl_sigchld_open(&fd, &heard) == ECHILD);
 }
 
+/* The program blocks SIGCHLD everywhere and takes it itself: pylock never
+ * consumes one, and says nothing will wake its pipe. */
 static void sigchld_blocked_everywhere(void)
 {
     sigset_t set;
@@ -627,16 +702,21 @@ static void sigchld_blocked_everywhere(void)
     sigaddset(&set, SIGCHLD);
     CHECK(pthread_sigmask(SIG_BLOCK, &set, NULL) == 0);
     int64_t fd = -1;
-    CHECK(pl_sigchld_open(&fd) == 0);
-    CHECK(fd_kind_is((int)fd, "anon_inode:[signalfd]"));
-    pid_t pid = spawn_exit(3);
-    CHECK(readable((int)fd, 5000));
-    CHECK(pl_sigchld_drain(fd) == 0);
+    int heard = -1;
+    CHECK(pl_sigchld_open(&fd, &heard) == 0 && heard == 0);
+    CHECK(fd_kind_is((int)fd, "pipe:"));
+    for (int i = 0; i < 20; i++) {
+        pid_t pid = spawn_exit(3);
+        siginfo_t si;
+        struct timespec ts = {5, 0};
+        CHECK(sigtimedwait(&set, &si, &ts) == SIGCHLD && si.si_pid == pid);
+        CHECK(pl_sigchld_open(&fd, &heard) == 0 && heard == 0);
+        int exited = 0, code = 0;
+        wait_zombie(pid);
+        CHECK(pl_child_poll(pid, &exited, &code) == 0 && exited == 1 && code == 3);
+        reap(pid);
+    }
     CHECK(!readable((int)fd, 0));
-    int exited = 0, code = 0;
-    wait_zombie(pid);
-    CHECK(pl_child_poll(pid, &exited, &code) == 0 && exited == 1 && code == 3);
-    reap(pid);
 }
 
 static void *idle_thread(void *arg)
@@ -651,8 +731,8 @@ static void *idle_thread(void *arg)
     return NULL;
 }
 
-/* Blocked here but not in another thread: a signalfd would miss the signals
- * that thread takes, so the self-pipe is used. */
+/* Blocked here but not in another thread: that thread runs pylock's
+ * handler, so the pipe wakes. */
 static void sigchld_blocked_in_one_thread(void)
 {
     int p[2], started[2];
@@ -667,7 +747,8 @@ static void sigchld_blocked_in_one_thread(void)
     sigaddset(&set, SIGCHLD);
     CHECK(pthread_sigmask(SIG_BLOCK, &set, NULL) == 0);
     int64_t fd = -1;
-    CHECK(pl_sigchld_open(&fd) == 0);
+    int heard = -1;
+    CHECK(pl_sigchld_open(&fd, &heard) == 0 && heard == 1);
     CHECK(fd_kind_is((int)fd, "pipe:"));
     pid_t pid = spawn_exit(0);
     CHECK(readable((int)fd, 5000));
@@ -700,6 +781,7 @@ int main(void)
     }
     test_child_poll_not_ours();
     in_child(sigchld_pipe_chains);
+    in_child(sigchld_chain_that_comes_back);
     in_child(sigchld_ignored);
     in_child(sigchld_blocked_everywhere);
     in_child(sigchld_blocked_in_one_thread);

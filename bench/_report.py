@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import datetime
-import math
-import random
 import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import _targets
+from _targets import fmt_ns, get, p99
+
 if TYPE_CHECKING:
-    from run import Results, Row, Sizes
+    from _common import Results, Row, Sizes
 
 LABELS = {
     "pylock": "pylock",
@@ -21,7 +22,8 @@ LABELS = {
     "fasteners-thread": "fasteners (acquire in a thread)",
     "portalocker": "portalocker",
     "floor": "floor: `fcntl.flock` + `os.pwrite` (Python)",
-    "floor-c": "floor: the same syscalls in C",
+    "floor-c": "bare floor: `flock`, `pwrite`, unlock, in C",
+    "floor-c-safe": "rename-safe floor: `flock`, `statx` of the path, `pwrite`, unlock, in C",
     "floor-async": "async floor: that in a thread + `call_soon_threadsafe`",
 }
 DEATH_LABELS = {
@@ -46,22 +48,6 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def p99(xs: list[float]) -> float:
-    if len(xs) < 2:
-        return xs[0]
-    return statistics.quantiles(xs, n=100, method="inclusive")[98]
-
-
-def fmt_ns(ns: float) -> str:
-    if ns >= 1e9:
-        return f"{ns / 1e9:.2f} s"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.3g} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.3g} µs"
-    return f"{ns:.0f} ns"
-
-
 def fmt_rate(x: float) -> str:
     return f"{x:,.0f}/s"
 
@@ -79,6 +65,7 @@ def faster(pylock: float, other: float, floor: bool = False) -> str:
 class Report:
     markdown: str
     failed_rows: list[str] = field(default_factory=list)
+    summary: str = ""  # the targets table, for the project README
 
 
 class _Doc:
@@ -101,13 +88,6 @@ class _Doc:
         return [label, f"not measured: {msg}"] + [""] * (width - 2)
 
 
-def _get(rows: dict[str, Row] | None, key: str) -> Row | None:
-    if rows is None:
-        return None
-    row = rows.get(key)
-    return row if row is not None and row.ok else None
-
-
 def render(
     results: Results, machine: dict[str, str], sizes: Sizes, record_len: int, cmd: str
 ) -> Report:
@@ -122,10 +102,18 @@ def render(
     d.add("## Machine", "")
     d.table(["", ""], [[k, v.replace("|", "\\|")] for k, v in machine.items()])
 
-    targets = _targets(results)
-    if targets:
-        d.add("## Targets", "")
-        d.table(["target", "measured", "met"], targets)
+    targets = _targets.targets(results)
+    summary = _Doc()
+    summary.add(
+        f"From `{cmd}` on {stamp} ({machine.get('cores', '?')} cores, "
+        f"{machine.get('kernel', '?')}, {machine.get('Python', '?').split(' (')[0]}, "
+        f"{machine.get('pylock', '?')}; load average {machine.get('load average at start', '?')} "
+        "at the start): the targets, each with its figure from that one run.",
+        "",
+    )
+    summary.table(["target", "measured", "met"], targets)
+    d.add("## Targets", "")
+    d.table(["target", "measured", "met"], targets)
 
     if "uncontended" in results:
         _uncontended(d, results["uncontended"], sizes, record_len)
@@ -139,89 +127,11 @@ def render(
         _death(d, results["death"], sizes)
     if "contention" in results:
         _contention(d, results["contention"], sizes)
-    if "imports" in results:
-        _imports(d, results["imports"], sizes)
-    return Report("\n".join(d.lines).rstrip() + "\n", d.failed)
-
-
-def _ratio_target(
-    what: str, num: Row | None, den: Row | None, limit: float, at_least: bool
-) -> list[str]:
-    if num is None or den is None:
-        return [what, "not measured", "-"]
-    r = median(num.samples) / median(den.samples)
-    ok = r >= limit if at_least else r <= limit
-    shown = f"{r:.2f}x ({fmt_ns(median(num.samples))} / {fmt_ns(median(den.samples))})"
-    return [what, shown, "yes" if ok else "**no**"]
-
-
-# (section, what, numerator key, denominator key, limit, at least)
-RATIO_TARGETS = [
-    ("uncontended", "uncontended: pylock / Python floor <= 1.5x", "pylock", "floor", 1.5, False),
-    ("uncontended", "uncontended: pylock / C floor <= 1.5x", "pylock", "floor-c", 1.5, False),
-    ("uncontended", "uncontended: filelock / pylock >= 25x", "filelock", "pylock", 25, True),
-    ("handoff", "handoff sync: pylock / floor <= 1.5x", "pylock", "floor", 1.5, False),
-    (
-        "handoff",
-        "handoff async: pylock / async floor <= 1.5x",
-        "pylock-async",
-        "floor-async",
-        1.5,
-        False,
-    ),
-    ("handoff", "handoff sync: filelock / pylock >= 20x", "filelock", "pylock", 20, True),
-    (
-        "handoff",
-        "handoff async: AsyncFileLock / pylock async >= 20x",
-        "filelock-async",
-        "pylock-async",
-        20,
-        True,
-    ),
-    (
-        "death",
-        "death notification: pylock / bare pidfd <= 1.5x",
-        "one:pylock",
-        "one:pidfd-await",
-        1.5,
-        False,
-    ),
-]
-
-
-def _targets(results: Results) -> list[list[str]]:
-    out: list[list[str]] = []
-    for section, what, num, den, limit, at_least in RATIO_TARGETS:
-        rows = results.get(section)
-        if rows is not None:
-            out.append(_ratio_target(what, _get(rows, num), _get(rows, den), limit, at_least))
-    dth = results.get("death")
-    if dth is None:
-        return out
-    many = _get(dth, "many:pylock-many")
-    name = "ExitWatcher"
-    if many is None:
-        many, name = _get(dth, "many:pylock"), "holder_exit tasks"
-    if many is None:
-        out.append(["many watched: latency, memory, idle CPU", "not measured", "-"])
-        return out
-    name = f"{many.extra.get('n', 0):,} watched, {name}"
-    what = f"{name}: exit latency / 1 watched <= 2x"
-    out.append(_ratio_target(what, many, _get(dth, "one:pylock"), 2, False))
-    bpw = many.extra.get("bytes_per_watch", math.nan)
-    out.append(
-        [f"{name}: memory per watch < 2 KiB", f"{bpw:.0f} B", "yes" if bpw < 2048 else "**no**"]
+    if "startup" in results:
+        _startup(d, results["startup"], sizes)
+    return Report(
+        "\n".join(d.lines).rstrip() + "\n", d.failed, "\n".join(summary.lines).rstrip() + "\n"
     )
-    cpu = many.extra.get("idle_cpu_pct", math.nan)
-    wakeups = many.extra.get("idle_wakeups_s", math.nan)
-    out.append(
-        [
-            f"{name}: no CPU while idle",
-            f"{cpu:.3f}% of a core, {wakeups:.1f} wakeups/s",
-            "yes" if cpu < 0.1 and wakeups < 1 else "**no**",
-        ]
-    )
-    return out
 
 
 def _latency_table(
@@ -250,7 +160,7 @@ def _latency_table(
         if with_max:
             cells.append(fmt_ns(max(row.samples)))
         cells.append(str(len(row.samples)))
-        refrow = _get(rows, ref) if ref else None
+        refrow = get(rows, ref) if ref else None
         if ref is None or key == ref:
             cells.append("")
         elif refrow is None:
@@ -265,20 +175,32 @@ def _uncontended(d: _Doc, rows: dict[str, Row], sizes: Sizes, record_len: int) -
     d.add(
         "## Uncontended acquire + release",
         "",
-        f"One process, nobody else on the lock: acquire then release, each pair timed alone "
-        f"(CLOCK_MONOTONIC around the pair), {sizes.uncontended} pairs per Python library in "
-        f"{sizes.rounds} interleaved rounds, {sizes.uncontended_c} for the C loop. pylock "
-        "writes its "
-        f"{record_len}-byte holder record on every acquire; the floors `pwrite` the same bytes "
-        "on an "
-        "already-open descriptor between `flock(LOCK_EX)` and `flock(LOCK_UN)`. The peers do what "
-        "they do by default (filelock and portalocker open and close the file each time and write "
-        "no record).",
+        "One process, nobody else on the lock: acquire then release, each pair timed alone "
+        f"(CLOCK_MONOTONIC around the pair), {sizes.uncontended} pairs per Python library and "
+        f"{sizes.uncontended_c} per C floor, in {sizes.rounds} rounds that run every row once "
+        f"in a shuffled order. pylock writes its {record_len}-byte holder record on every "
+        "acquire and then checks that the path still names the locked file (one `statx`), "
+        "which is what keeps waiters from splitting when the file or its directory is renamed "
+        "or unlinked under a long-lived `Lock`. The rename-safe floor does exactly those "
+        "syscalls in a C loop on an already-open descriptor: `flock(LOCK_EX)`, `statx` of the "
+        "path compared with the descriptor's device and inode, `pwrite` of the same bytes, "
+        "`flock(LOCK_UN)`; the bare floors leave out the `statx`, in C and from Python "
+        "(`fcntl.flock` + `os.pwrite`). The peers do what they do by default (filelock and "
+        "portalocker open and close the file each time and write no record; none of them "
+        "checks the path).",
         "",
     )
     order = [
         (k, LABELS[k], "pylock", k.startswith("floor"))
-        for k in ("pylock", "floor", "floor-c", "filelock", "fasteners", "portalocker")
+        for k in (
+            "pylock",
+            "floor-c-safe",
+            "floor-c",
+            "floor",
+            "filelock",
+            "fasteners",
+            "portalocker",
+        )
     ]
     _latency_table(d, "uncontended", rows, order, with_max=False)
 
@@ -461,122 +383,82 @@ def _contention(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
     d.table(["critical sections per second", *configs], out)
 
 
-def _imports(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
+STARTUP_LABELS = {
+    "python": "`python -c pass` (the interpreter's own start)",
+    "import-pylock": '`python -c "import pylock"`',
+    "import-filelock": '`python -c "import filelock"`',
+    "pylock-run": "`pylock run FILE true` (the console script)",
+    "flock-run": "`flock FILE true` (util-linux flock(1))",
+}
+
+
+def _startup(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
+    bare = rows.get("python")
+    interp = bare.extra.get("interpreter", "?") if bare is not None else "?"
+    run_row = rows.get("pylock-run")
+    run_as = ""
+    if run_row is not None and "argv" in run_row.extra:
+        run_as = f", run as `pylock {run_row.extra['argv']}`"
     d.add(
-        "## Import time",
+        "## Start-up",
         "",
-        "`import <module>` timed inside a fresh interpreter (warm bytecode cache), "
-        f"{sizes.imports} "
-        "runs each, alternating.",
+        "Whole processes, each timed from just before `posix_spawn` to the return of `waitpid`, "
+        f"{sizes.startup} of each, round-robin in a shuffled order. Every Python row runs "
+        f"`{interp} -S`: outside any virtual environment and without site hooks (PYTHONPATH "
+        "names the checkout and the directories of the C extensions), because a venv's, "
+        "pyenv's or a distribution's `.pth` files can double the interpreter's own start and "
+        "would flatter every ratio; pylock's bytecode is compiled beforehand, as an installed "
+        "wheel has it. `pylock run` is the console script exactly as pip writes it "
+        "(its `import re` included)" + run_as + ".",
         "",
     )
-    _latency_table(
-        d,
-        "imports",
-        rows,
-        [("pylock", "pylock", "pylock", False), ("filelock", "filelock", "pylock", False)],
-        with_max=False,
-    )
-
-
-# -- plot ---------------------------------------------------------------------
-
-
-def plot(results: Results, path: str, cmd: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels: list[tuple[str, list[tuple[str, list[float]]]]] = []
-
-    def collect(title: str, rows: dict[str, Row] | None, keys: list[tuple[str, str]]) -> None:
-        if not rows:
-            return
-        series = [
-            (label, [x / 1e3 for x in rows[k].samples])
-            for k, label in keys
-            if k in rows and rows[k].ok
-        ]
-        if series:
-            panels.append((title, series))
-
-    plain = {k: v.replace("`", "") for k, v in LABELS.items()}
-    hk = [
-        (k, plain[k])
-        for k in (
-            "pylock",
-            "floor",
-            "pylock-async",
-            "floor-async",
-            "filelock",
-            "filelock-async",
-            "fasteners",
-            "portalocker",
-        )
-    ]
-    collect("Handoff: release -> blocked waiter returns", results.get("handoff"), hk)
-    collect("Takeover: SIGKILL of holder -> waiter returns", results.get("takeover"), hk)
-    death = results.get("death") or {}
-    one = {k[4:]: r for k, r in death.items() if k.startswith("one:")}
-    many = {k[5:]: r for k, r in death.items() if k.startswith("many:")}
-    dl = {k: v.replace("`", "") for k, v in DEATH_LABELS.items()}
-    dl["pidfd-await"] = "bare: await add_reader(pidfd_open(pid))"
-    collect(
-        "Death notification: SIGKILL -> watcher returns (1 watched)",
-        one,
-        [
-            (k, dl[k])
-            for k in ("pylock", "pidfd-await", "psutil", "pylock-lock", "fallback", "fallback-lock")
-        ],
-    )
-    n_many = next((r.extra.get("n") for r in many.values() if r.extra.get("n")), None)
-    dml = {k: v.replace("`", "") for k, v in DEATH_MANY_LABELS.items()}
-    collect(
-        f"Death notification with {n_many:,} watched" if n_many else "Death notification, many",
-        many,
-        [
-            (k, dml[k])
-            for k in ("pylock-many", "pylock", "pidfd", "psutil", "fallback-many", "fallback")
-        ],
-    )
-    if not panels:
-        return
-    height = sum(1.2 + 0.45 * len(s) for _, s in panels)
-    fig, axes = plt.subplots(
-        len(panels), 1, figsize=(10, height), squeeze=False, layout="constrained"
-    )
-    rng = random.Random(0)
-    for ax, (title, series) in zip(axes[:, 0], panels):
-        labels = [s[0] for s in series][::-1]
-        data = [s[1] for s in series][::-1]
-        ax.boxplot(
-            data,
-            orientation="horizontal",
-            whis=(1, 99),
-            showfliers=False,
-            widths=0.6,
-            medianprops={"color": "tab:red", "linewidth": 2},
-        )
-        for i, xs in enumerate(data, start=1):
-            jitter = [i + rng.uniform(-0.22, 0.22) for _ in xs]
-            ax.scatter(xs, jitter, s=4, alpha=0.45, color="tab:blue", linewidths=0)
-        ax.set_yticks(range(1, len(labels) + 1), labels, fontsize=8)
-        ax.set_xscale("log")
-        ax.set_xlabel(
-            "microseconds (log scale); box: quartiles, whiskers: p1-p99, red: median", fontsize=8
-        )
-        ax.set_title(title, fontsize=10)
-        ax.grid(axis="x", which="both", alpha=0.3)
-    fig.suptitle(f"pylock latency distributions ({cmd})", fontsize=11)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    head = ["", "median", "p99", "trials", "vs `python -c pass` (medians)"]
+    out = []
+    base = get(rows, "python")
+    for key, label in STARTUP_LABELS.items():
+        row = rows.get(key)
+        if row is None:
+            continue
+        if not row.ok:
+            out.append(d.error_row("startup", row, len(head), label))
+            continue
+        m = median(row.samples)
+        vs = "" if base is None or key == "python" else f"{m / median(base.samples):.2f}x"
+        if base is not None and key == "import-pylock":
+            added = m - median(base.samples)
+            vs += f" (adds {fmt_ns(added)} = {added / median(base.samples):.2f}x)"
+        out.append([label, fmt_ns(m), fmt_ns(p99(row.samples)), str(len(row.samples)), vs])
+    d.table(head, out)
+    for key, what in (("import-pylock", "`import pylock`"), ("pylock-run", "`pylock run`")):
+        row = rows.get(key)
+        heaviest = row.extra.get("heaviest") if row is not None else None
+        if heaviest:
+            listed = ", ".join(f"{name} {us / 1000:.1f} ms" for name, us in heaviest)
+            d.add(
+                f"Where {what} goes beyond the interpreter's start (cumulative `-X importtime` "
+                f"of one run, largest first, none inside another): {listed}.",
+                "",
+            )
 
 
 # -- README -------------------------------------------------------------------
 
 BEGIN = "<!-- bench-report:begin -->"
 END = "<!-- bench-report:end -->"
+SUMMARY_BEGIN = "<!-- bench-targets:begin -->"
+SUMMARY_END = "<!-- bench-targets:end -->"
+
+
+def update_summary(path: str, summary: str) -> None:
+    """Replace the targets table between the markers in the project README."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    start, end = text.find(SUMMARY_BEGIN), text.find(SUMMARY_END)
+    if start < 0 or end < start:
+        return
+    new = text[: start + len(SUMMARY_BEGIN)] + "\n" + summary + text[end:]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(new)
 
 
 def update_readme(path: str, markdown: str) -> None:

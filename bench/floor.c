@@ -10,6 +10,14 @@
  *       the C loop is timed the same way as the Python ones (per operation,
  *       CLOCK_MONOTONIC), not as a batch average.
  *
+ *   floor uncontended-safe PATH RECORD_FILE ITERATIONS
+ *       The rename-safe floor: the same, plus what any lock that keeps a
+ *       descriptor open must do so that waiters never split when the file
+ *       or its directory is renamed or unlinked: after flock, one statx of
+ *       the path (not following a symlink, asking only for the inode and
+ *       link count, as pylock does) compared with the descriptor's device
+ *       and inode from the open.
+ *
  *   floor spawner
  *       Reads commands on stdin.  "spawn N" forks N sleepers and prints their
  *       pids on one line.  Sleepers die with the spawner (PR_SET_PDEATHSIG),
@@ -29,6 +37,7 @@
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -47,7 +56,22 @@ static int die(const char *what)
     return 1;
 }
 
-static int uncontended(const char *path, const char *record_path, long iterations)
+/* Device and inode of what path names now (a symlink itself, not its
+ * target): pylock's check that the locked file is still at its path. */
+static int still_at_path(const char *path, dev_t dev, ino_t ino)
+{
+#ifdef STATX_INO
+    struct statx sx;
+    if (statx(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_INO | STATX_NLINK | STATX_SIZE, &sx) != 0)
+        return 0;
+    return makedev(sx.stx_dev_major, sx.stx_dev_minor) == dev && sx.stx_ino == ino;
+#else
+    struct stat st;
+    return lstat(path, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
+#endif
+}
+
+static int uncontended(const char *path, const char *record_path, long iterations, int safe)
 {
     char record[65536];
     int rfd = open(record_path, O_RDONLY | O_CLOEXEC);
@@ -61,6 +85,9 @@ static int uncontended(const char *path, const char *record_path, long iteration
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0)
         return die(path);
+    struct stat opened;
+    if (fstat(fd, &opened) != 0)
+        return die("fstat");
 
     int64_t *samples = malloc(sizeof *samples * (size_t)iterations);
     if (samples == NULL)
@@ -69,6 +96,10 @@ static int uncontended(const char *path, const char *record_path, long iteration
         int64_t t0 = now_ns();
         if (flock(fd, LOCK_EX) != 0)
             return die("flock");
+        if (safe && !still_at_path(path, opened.st_dev, opened.st_ino)) {
+            errno = ESTALE;
+            return die("the lock file left its path");
+        }
         if (pwrite(fd, record, (size_t)rlen, 0) != rlen)
             return die("pwrite");
         if (flock(fd, LOCK_UN) != 0)
@@ -175,7 +206,9 @@ static int spawner(void)
 int main(int argc, char **argv)
 {
     if (argc == 5 && strcmp(argv[1], "uncontended") == 0)
-        return uncontended(argv[2], argv[3], atol(argv[4]));
+        return uncontended(argv[2], argv[3], atol(argv[4]), 0);
+    if (argc == 5 && strcmp(argv[1], "uncontended-safe") == 0)
+        return uncontended(argv[2], argv[3], atol(argv[4]), 1);
     if (argc == 2 && strcmp(argv[1], "spawner") == 0)
         return spawner();
     if (argc == 2 && strcmp(argv[1], "sleep") == 0)
@@ -183,6 +216,7 @@ int main(int argc, char **argv)
             pause();
     fprintf(stderr,
             "usage: floor uncontended PATH RECORD_FILE ITERATIONS\n"
+            "       floor uncontended-safe PATH RECORD_FILE ITERATIONS\n"
             "       floor spawner\n");
     return 2;
 }

@@ -109,9 +109,13 @@ def test_every_spelling_of_the_directory_is_the_same_singleton(tmp_path, daemons
     data = tmp_path / "data"
     data.mkdir()
     (tmp_path / "link").symlink_to(data)
+    (tmp_path / "deep").mkdir()
+    (tmp_path / "deep" / "link").symlink_to(data)
     first = daemons(data)
     spellings = [
         tmp_path / "link",
+        # ".." after a symlink is the target's parent, as the kernel resolves it.
+        f"{tmp_path}/deep/link/../data",
         f"{data}/.",
         f"{tmp_path}/link/../data",
         os.path.relpath(data),
@@ -334,6 +338,43 @@ def test_refuses_another_users_process(public_dir):
         assert hit == []  # never signalled
     finally:
         other.close()
+
+
+@pytest.mark.skipif(not is_root(), reason="needs root to run both sides as another user")
+def test_refuses_a_holder_it_may_not_inspect(public_dir):
+    """Same user, but the holder made itself non-dumpable: its descriptors (and so
+    whether it holds the lock) are hidden from this user, so it is not verified."""
+
+    import ctypes  # here: a child running as nobody cannot read root's interpreter
+
+    import pylock._exit  # likewise: loaded before the fork
+
+    def daemon(out, inp) -> None:
+        signal.signal(signal.SIGTERM, lambda *a: out.write("term\n"))
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+        lock = pylock.singleton(directory=public_dir)
+        out.write("held\n")
+        inp.read()
+        lock.close()
+
+    def taker(out, inp) -> None:
+        try:
+            pylock.singleton(directory=public_dir, takeover=0.1)
+        except TakeoverRefused as exc:
+            out.write("refused " + str(exc).replace("\n", " ") + "\n")
+
+    holder = AsUser(NOBODY, daemon)
+    try:
+        holder.expect("held")
+        other = AsUser(NOBODY, taker)
+        line = other.expect("refused")
+        other.close()
+        assert "may not inspect" in line
+        holder.inp.close()
+        assert holder.out.read() == ""  # never signalled
+        assert holder.wait() == 0
+    finally:
+        holder.close()
 
 
 def test_refuses_this_process_itself(tmp_path):

@@ -13,7 +13,6 @@ scrape time, so nothing is pushed on the lock's paths.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
@@ -29,27 +28,42 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pylock")
 
-# Histogram bucket upper bounds: 1 us to 100 s, one per decade.
-BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0)
-_BOUNDS_NS = tuple(round(b * 1e9) for b in BUCKETS)
+# Histogram buckets: durations of at most 2**k - 1 ns, from about 1 us to
+# 275 s.  The hooks file a duration of d ns under slot d.bit_length(), the b
+# with 2**(b-1) <= d < 2**b: one integer operation instead of a search, and
+# exact for these bounds.
+_POWERS = (10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38)
+BUCKETS = tuple((2**k - 1) / 1e9 for k in _POWERS)
+_SLOTS = 65  # a duration below 2**64 ns
 _now = time.monotonic_ns
-_bisect = bisect.bisect_left
+# _pl_since after a release: later than any clock reading, so a release
+# without an observed acquisition computes a negative hold and is ignored.
+_NEVER = 1 << 63
 
 
 class _Counters:
     """The live counters of one lock path (mutated by the hooks)."""
 
-    __slots__ = ("acquisitions", "conflicts", "hold_counts", "hold_ns", "wait_counts", "wait_ns")
+    __slots__ = ("conflicts", "hold_ns", "hold_slots", "wait_ns", "wait_slots")
 
     def __init__(self) -> None:
-        self.acquisitions = 0
         self.conflicts = 0
         self.wait_ns = 0
         self.hold_ns = 0
-        # Per bucket, not cumulative; the last one is +Inf.  Waits are
-        # recorded for the contended attempts only (taken or given up).
-        self.wait_counts = [0] * (len(_BOUNDS_NS) + 1)
-        self.hold_counts = [0] * (len(_BOUNDS_NS) + 1)
+        # Waits are recorded for the contended attempts only (taken or given up).
+        self.wait_slots = [0] * _SLOTS
+        self.hold_slots = [0] * _SLOTS
+
+
+def _buckets(slots: list[int]) -> tuple[int, ...]:
+    """Counts per bucket of BUCKETS (not cumulative; the last is +Inf)."""
+    out = []
+    low = 0
+    for k in _POWERS:  # slots up to k hold durations below 2**k
+        out.append(sum(slots[low : k + 1]))
+        low = k + 1
+    out.append(sum(slots[low:]))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -68,7 +82,6 @@ class LockStats:
 
 _table: dict[str, _Counters] = {}
 _table_lock = threading.Lock()
-_log_acquisitions = False
 
 
 def _counters(path: str) -> _Counters:
@@ -80,10 +93,12 @@ def _counters(path: str) -> _Counters:
 
 
 def _attach(lock: Lock) -> _Counters:
+    """Give a Lock object its counters, the first time a hook sees it."""
     counters = _counters(lock.path)
     lock._pl_stats = counters  # type: ignore[attr-defined]
     lock._pl_waiting = 0  # type: ignore[attr-defined]
-    lock._pl_since = -1  # type: ignore[attr-defined]
+    if not hasattr(lock, "_pl_since"):
+        lock._pl_since = _NEVER  # type: ignore[attr-defined]
     return counters
 
 
@@ -91,16 +106,12 @@ def _attach(lock: Lock) -> _Counters:
 
 
 def acquired(lock: Lock) -> None:
+    lock._pl_since = now = _now()  # type: ignore[attr-defined]
     try:
-        lock._pl_since = _now()  # type: ignore[attr-defined]
-        lock._pl_stats.acquisitions += 1  # type: ignore[attr-defined]
         if lock._pl_waiting:  # type: ignore[attr-defined]
-            _end_wait(lock)
-    except AttributeError:  # the first time this Lock object is seen
-        _attach(lock).acquisitions += 1
-        lock._pl_since = _now()  # type: ignore[attr-defined]
-    if _log_acquisitions:
-        log.debug("pylock: acquired %s", lock.path)
+            _end_wait(lock, now)
+    except AttributeError:
+        _attach(lock)
 
 
 def conflicted(lock: Lock) -> None:
@@ -108,39 +119,76 @@ def conflicted(lock: Lock) -> None:
         counters: _Counters = lock._pl_stats  # type: ignore[attr-defined]
     except AttributeError:
         counters = _attach(lock)
-    counters.conflicts += 1
     lock._pl_waiting = _now()  # type: ignore[attr-defined]
-    if _log_acquisitions:
-        log.debug("pylock: %s is held by another owner", lock.path)
+    counters.conflicts += 1  # after the stamp: whoever sees the count, sees a wait begun
 
 
 def gave_up(lock: Lock) -> None:
     if getattr(lock, "_pl_waiting", 0):
-        _end_wait(lock)
+        _end_wait(lock, _now())
 
 
-def _end_wait(lock: Lock) -> None:
-    waited = _now() - lock._pl_waiting  # type: ignore[attr-defined]
+def _end_wait(lock: Lock, now: int) -> None:
+    waited = now - lock._pl_waiting  # type: ignore[attr-defined]
     lock._pl_waiting = 0  # type: ignore[attr-defined]
     counters: _Counters = lock._pl_stats  # type: ignore[attr-defined]
     counters.wait_ns += waited
-    counters.wait_counts[_bisect(_BOUNDS_NS, waited)] += 1
+    counters.wait_slots[waited.bit_length()] += 1
 
 
 def released(lock: Lock) -> None:
     try:
-        since: int = lock._pl_since  # type: ignore[attr-defined]
+        held: int = _now() - lock._pl_since  # type: ignore[attr-defined]
     except AttributeError:
         return  # taken before metrics were enabled
-    if since < 0:
-        return  # idem, for an object seen before (-1 after each release)
-    held = _now() - since
-    lock._pl_since = -1  # type: ignore[attr-defined]
+    if held < 0:
+        return  # idem, for an object seen before
+    lock._pl_since = _NEVER  # type: ignore[attr-defined]
     counters: _Counters = lock._pl_stats  # type: ignore[attr-defined]
     counters.hold_ns += held
-    counters.hold_counts[_bisect(_BOUNDS_NS, held)] += 1
-    if _log_acquisitions:
-        log.debug("pylock: released %s after %.6f s", lock.path, held / 1e9)
+    counters.hold_slots[held.bit_length()] += 1
+
+
+class _Observer:
+    """What Lock's hooks call (one attribute lookup each).  Acquisitions are
+    not counted as they happen: they are the completed holds (the hold
+    histogram's count) plus the holds in progress, counted when asked."""
+
+    acquired = staticmethod(acquired)
+    conflicted = staticmethod(conflicted)
+    gave_up = staticmethod(gave_up)
+    released = staticmethod(released)
+
+
+class _LoggingObserver:
+    """The same, with a debug record on the "pylock" logger for each event."""
+
+    @staticmethod
+    def acquired(lock: Lock) -> None:
+        acquired(lock)
+        log.debug("pylock: acquired %s", lock.path)
+
+    @staticmethod
+    def conflicted(lock: Lock) -> None:
+        conflicted(lock)
+        log.debug("pylock: %s is held by another owner", lock.path)
+
+    gave_up = staticmethod(gave_up)
+
+    @staticmethod
+    def released(lock: Lock) -> None:
+        since = getattr(lock, "_pl_since", _NEVER)
+        released(lock)
+        if since != _NEVER:
+            log.debug("pylock: released %s after %.6f s", lock.path, (_now() - since) / 1e9)
+
+
+def _holds_in_progress(path: str) -> int:
+    return sum(
+        1
+        for lock in list(_lock._open_locks)
+        if lock.path == path and getattr(lock, "_pl_since", _NEVER) != _NEVER and lock.locked
+    )
 
 
 # -- the public API --------------------------------------------------------------
@@ -149,9 +197,11 @@ def released(lock: Lock) -> None:
 def enable(*, log_acquisitions: bool = False) -> None:
     """Start counting, in this process.  log_acquisitions: a debug record on the
     "pylock" logger for each acquisition, conflict and release."""
-    global _log_acquisitions
-    _log_acquisitions = bool(log_acquisitions)
-    _lock._observer = _Observer
+    # A hold that began while counting was off is not measured.
+    for lock in list(_lock._open_locks):
+        if hasattr(lock, "_pl_since"):
+            lock._pl_since = _NEVER
+    _lock._observer = _LoggingObserver if log_acquisitions else _Observer
 
 
 def disable() -> None:
@@ -171,15 +221,15 @@ def reset() -> None:
 
 
 def _snapshot(name: str, c: _Counters) -> LockStats:
-    hold_buckets = tuple(c.hold_counts)
+    hold_buckets = _buckets(c.hold_slots)
     return LockStats(
         name=name,
-        acquisitions=c.acquisitions,
+        acquisitions=sum(c.hold_slots) + _holds_in_progress(name),
         conflicts=c.conflicts,
         waited=c.wait_ns / 1e9,
         held=c.hold_ns / 1e9,
         releases=sum(hold_buckets),
-        wait_buckets=tuple(c.wait_counts),
+        wait_buckets=_buckets(c.wait_slots),
         hold_buckets=hold_buckets,
     )
 
@@ -220,15 +270,6 @@ def total() -> LockStats:
         wait_buckets=add_buckets("wait_buckets"),
         hold_buckets=add_buckets("hold_buckets"),
     )
-
-
-class _Observer:
-    """What Lock's hooks call: this module's functions, as one attribute lookup each."""
-
-    acquired = staticmethod(acquired)
-    conflicted = staticmethod(conflicted)
-    gave_up = staticmethod(gave_up)
-    released = staticmethod(released)
 
 
 # -- Prometheus ------------------------------------------------------------------

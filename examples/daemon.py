@@ -8,7 +8,7 @@
    polling), killed after GRACE seconds if it lingers, and replaced.
 2. Crash recovery, safe because we are the only instance: leftover
    DIR/*.partial files of a killed predecessor are removed.
-3. pylock.claim_unix_socket(DIR/daemon.sock): a live listener is refused, a
+3. pylock.claim_unix_socket(DIR/daemon.sock, or --socket): a live listener is refused, a
    dead socket file left by a killed predecessor is replaced.  Clients send
    "ping" and get "pong <pid>".
 4. Metrics: pylock.metrics counts the daemon's locks; with --metrics-port,
@@ -77,6 +77,7 @@ async def main() -> int:
     parser.add_argument("--data", type=Path, required=True, help="the data directory")
     parser.add_argument("--takeover", type=float, metavar="GRACE", help="replace a running one")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT")
+    parser.add_argument("--socket", type=Path, help="the unix socket (default: DATA/daemon.sock)")
     args = parser.parse_args()
 
     metrics.enable()
@@ -96,7 +97,7 @@ async def main() -> int:
         print(f"daemon: already running: {exc}", file=sys.stderr)
         return 75  # EX_TEMPFAIL
     removed = recover(args.data)
-    socket_path = args.data / "daemon.sock"
+    socket_path = args.socket or args.data / "daemon.sock"
     listener = pylock.claim_unix_socket(socket_path, mode=0o660)
     server = await asyncio.start_unix_server(serve_client, sock=listener)
     metrics_server = None

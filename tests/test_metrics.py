@@ -112,6 +112,9 @@ def test_counters_after_scripted_contention(tmp_path, observed):
     assert stats.conflicts == 3
     assert sum(stats.wait_buckets) == 3  # three contended attempts ended
     assert stats.waited >= timed_out + floor
+    # The last wait lasted at least `floor`: it is filed in a bucket reaching that far.
+    bounds = (*metrics.BUCKETS, float("inf"))
+    assert sum(n for bound, n in zip(bounds, stats.wait_buckets) if bound >= floor) >= 1
     assert stats.held > 0 and sum(stats.hold_buckets) == 4
     assert metrics.snapshot()[path] == stats
     assert metrics.total().conflicts >= 3
@@ -199,3 +202,22 @@ def test_async_acquisitions_are_counted(tmp_path, observed):
 
     asyncio.run(main())
     assert lock.stats.acquisitions == 1 and lock.stats.releases == 1
+
+
+def test_a_hold_begun_while_off_is_not_measured_for_a_known_lock(tmp_path):
+    metrics.reset()
+    lock = pylock.Lock(tmp_path / "k.lock")
+    metrics.enable()
+    try:
+        lock.acquire()
+        lock.release()  # the object is known now
+        metrics.disable()
+        lock.acquire()  # not observed
+        metrics.enable()
+        lock.release()
+        stats = lock.stats
+        assert stats.releases == 1 and stats.acquisitions == 1
+        assert 0 < stats.held < 60
+    finally:
+        metrics.disable()
+        metrics.reset()

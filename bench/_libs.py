@@ -45,6 +45,23 @@ def sync_lock(lib: str, path: str, record: bytes) -> SyncLock:
 
         lock = pylock.Lock(path)
         return lock.acquire, lock.release
+    if lib == "pylock-core":
+        # pylock's C core called straight through cffi, without the Lock
+        # object around it: what the Python layer costs, and what cffi does.
+        import pylock
+        from pylock._native import lib as core
+
+        lock = pylock.Lock(path)
+        lock.acquire()  # opens the file and builds the record
+        lock.release()
+        lf, handle, claim, unlock = lock._lf, lock._handle, core.pl_acquire, core.pl_unlock
+
+        def acquire_core() -> None:
+            # The Lock stays referenced here: dropping it would close the file.
+            if claim(lf) or lock is None:
+                raise RuntimeError(f"{path}: pl_acquire failed")
+
+        return acquire_core, (lambda: unlock(handle))
     if lib == "filelock":
         import filelock
 

@@ -20,7 +20,7 @@ from _common import (
     sleep_uniform,
 )
 
-UNCONTENDED_LIBS = ("pylock", "filelock", "fasteners", "portalocker", "floor")
+UNCONTENDED_LIBS = ("pylock", "pylock-core", "filelock", "fasteners", "portalocker", "floor")
 HANDOFF_LIBS = (
     "pylock",
     "pylock-async",

@@ -23,6 +23,7 @@ LABELS = {
     "portalocker": "portalocker",
     "floor": "floor: `fcntl.flock` + `os.pwrite` (Python)",
     "floor-c": "bare floor: `flock`, `pwrite`, unlock, in C",
+    "pylock-core": "pylock's C core through cffi, no `Lock` (`pl_acquire`, `pl_unlock`)",
     "floor-c-safe": "rename-safe floor: `flock`, `statx` of the path, `pwrite`, unlock, in C",
     "floor-async": "async floor: that in a thread + `call_soon_threadsafe`",
 }
@@ -105,7 +106,7 @@ def render(
     targets = _targets.targets(results)
     summary = _Doc()
     summary.add(
-        f"From `{cmd}` on {stamp} ({machine.get('cores', '?')} cores, "
+        f"From `{cmd}` on {stamp} (cores: {machine.get('cores', '?')}; "
         f"{machine.get('kernel', '?')}, {machine.get('Python', '?').split(' (')[0]}, "
         f"{machine.get('pylock', '?')}; load average {machine.get('load average at start', '?')} "
         "at the start): the targets, each with its figure from that one run.",
@@ -191,9 +192,10 @@ def _uncontended(d: _Doc, rows: dict[str, Row], sizes: Sizes, record_len: int) -
         "",
     )
     order = [
-        (k, LABELS[k], "pylock", k.startswith("floor"))
+        (k, LABELS[k], "pylock", k.startswith("floor") or k == "pylock-core")
         for k in (
             "pylock",
+            "pylock-core",
             "floor-c-safe",
             "floor-c",
             "floor",

@@ -1,101 +1,180 @@
-"""The pylock command: run under a lock (flock(1)-style flags and exit codes),
-who holds a lock, wait for a process to exit."""
+"""The pylock command: `run` (forms, options, exit codes, the holder message),
+usage errors, help and version.  Side by side with flock(1): test_cli_flock.py;
+processes and signals: test_cli_process.py; who/wait/list: test_cli_tools.py."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import socket
+import stat
 import subprocess
-import sys
-import time
 from pathlib import Path
 
+import pytest
+
 import pylock
-from tests.support import env_with_repo
+from tests.cli_support import PYLOCK, Holder, cli, cli_env, free_now, wait_blocked
 
-
-def blocked_waiters(path: str) -> list[int]:
-    st = os.stat(path)
-    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-    with open("/proc/locks") as f:
-        return [int(line.split()[5]) for line in f if " -> " in line and key in line]
-
-
-def wait_blocked(path: str, pid: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while pid not in blocked_waiters(path):
-        assert time.monotonic() < deadline, f"pid {pid} never blocked on {path}"
-        time.sleep(0.001)  # re-reading kernel state, not standing in for a signal
-
-
-def pylock_cli(*args: str, cwd: Path | None = None, timeout: float = 30):
-    return subprocess.run(
-        [sys.executable, "-m", "pylock", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env_with_repo(),
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def flock_n(path: str) -> int:
-    return subprocess.run(["flock", "-n", path, "true"]).returncode
-
-
-# -- run ----------------------------------------------------------------------------
+# -- the lock and the command ---------------------------------------------------
 
 
 def test_run_holds_the_lock_while_the_command_runs(lock_path: str) -> None:
-    # The command itself checks that another flock user is refused meanwhile.
-    out = pylock_cli("run", lock_path, "--", "sh", "-c", f"flock -n {lock_path} true; echo $?")
-    assert out.returncode == 0, out.stderr
-    assert out.stdout == "1\n"
-    assert flock_n(lock_path) == 0  # released afterwards
-    assert os.path.exists(lock_path)
+    # The command itself checks that another taker is refused meanwhile.
+    out = cli("run", lock_path, "sh", "-c", f"{PYLOCK} run -n -q {lock_path} true; echo $?")
+    assert (out.returncode, out.stdout, out.stderr) == (0, "1\n", "")
+    assert free_now(lock_path)
 
 
-def test_run_passes_the_exit_status_through(lock_path: str) -> None:
-    assert pylock_cli("run", lock_path, "--", "sh", "-c", "exit 7").returncode == 7
-    assert pylock_cli("run", lock_path, "--", "sh", "-c", "kill -9 $$").returncode == 137
-    assert pylock_cli("run", lock_path, "--", "no-such-program-here").returncode == 127
-    assert flock_n(lock_path) == 0
+def test_every_command_form_runs_the_same_command(tmp_path: Path, lock_path: str) -> None:
+    forms = [
+        [lock_path, "echo", "a b"],
+        [lock_path, "--", "echo", "a b"],
+        [lock_path, "-c", "echo 'a b'"],
+        [lock_path, "--command", "echo 'a b'"],
+        ["-c", "echo 'a b'", lock_path],
+        ["--command=echo 'a b'", lock_path],
+        ["-n", "--", lock_path, "echo", "a b"],
+    ]
+    for form in forms:
+        out = cli("run", *form)
+        assert (out.returncode, out.stdout, out.stderr) == (0, "a b\n", ""), form
 
 
-def test_run_nonblocking_conflict_names_the_holder(lock_path: str, spawn_holder) -> None:
+def test_options_after_the_file_belong_to_the_command(lock_path: str) -> None:
+    out = cli("run", lock_path, "printf", "%s|", "-n", "-x", "--bogus", "--")
+    assert (out.returncode, out.stdout) == (0, "-n|-x|--bogus|--|")
+
+
+def test_dash_c_runs_through_the_users_shell(lock_path: str) -> None:
+    out = cli("run", lock_path, "-c", "echo $0", env={"SHELL": "/bin/bash"})
+    assert out.stdout == "/bin/bash\n"
+    env = cli_env()
+    env.pop("SHELL", None)
+    out = subprocess.run(
+        [PYLOCK, "run", lock_path, "-c", "echo $0"], capture_output=True, text=True, env=env
+    )
+    assert out.stdout == "/bin/sh\n"
+
+
+def test_exit_status_of_the_command(lock_path: str) -> None:
+    assert cli("run", lock_path, "sh", "-c", "exit 7").returncode == 7
+    assert cli("run", lock_path, "sh", "-c", "kill -9 $$").returncode == 137
+    assert cli("run", lock_path, "sh", "-c", "exit 0").returncode == 0
+    assert free_now(lock_path)
+
+
+def test_command_that_cannot_run_exits_69(lock_path: str, tmp_path: Path) -> None:
+    out = cli("run", lock_path, "no-such-program-here")
+    assert out.returncode == 69
+    assert out.stderr == (
+        "pylock: failed to execute no-such-program-here: No such file or directory\n"
+    )
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\n")
+    out = cli("run", lock_path, str(script))
+    assert out.returncode == 69 and "Permission denied" in out.stderr
+    assert cli("run", "-F", lock_path, "no-such-program-here").returncode == 69
+
+
+def test_new_file_is_created_0666_less_the_umask(tmp_path: Path) -> None:
+    for umask, expected in ((0o022, 0o644), (0o002, 0o664), (0o077, 0o600), (0, 0o666)):
+        path = tmp_path / f"u{umask:o}.lock"
+        out = cli("run", str(path), "true", preexec_fn=lambda u=umask: os.umask(u))
+        assert out.returncode == 0, out.stderr
+        assert stat.S_IMODE(path.stat().st_mode) == expected, oct(umask)
+
+
+def test_directories_and_devices_are_locked_without_a_record(tmp_path: Path) -> None:
+    directory = tmp_path / "d"
+    directory.mkdir()
+    before = sorted(os.listdir(directory))
+    holder = Holder([PYLOCK, "run"], str(directory))
+    try:
+        out = cli("run", "-n", str(directory), "echo", "ran")
+        assert (out.returncode, out.stdout) == (1, "")
+        assert f"{directory} is held by pid " in out.stderr
+    finally:
+        holder.release()
+    assert cli("run", "-n", str(directory), "true").returncode == 0
+    assert sorted(os.listdir(directory)) == before
+    out = cli("run", "-n", "/dev/null", "true")
+    assert (out.returncode, out.stderr) == (0, "")
+    out = cli("run", "-n", f"{directory}/", "true")
+    assert (out.returncode, out.stderr) == (0, "")
+
+
+def test_symlinked_lock_path_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    link = tmp_path / "link.lock"
+    link.symlink_to(target)
+    out = cli("run", str(link), "echo", "ran")
+    assert (out.returncode, out.stdout) == (66, "")
+    assert "symbolic link" in out.stderr and str(link) in out.stderr
+    assert target.read_text() == "keep me\n"
+    dir_link = tmp_path / "dirlink"
+    dir_link.symlink_to(tmp_path)
+    assert cli("run", str(dir_link), "true").returncode == 66
+    assert cli("run", "-u", str(link), "true").returncode == 66
+
+
+def test_lock_file_problems_exit_66(tmp_path: Path) -> None:
+    path = str(tmp_path / "nowhere" / "x.lock")
+    out = cli("run", path, "echo", "ran")
+    assert (out.returncode, out.stdout) == (66, "")
+    assert path in out.stderr and "No such file or directory" in out.stderr
+    assert len(out.stderr.splitlines()) == 1
+
+
+# -- conflicts: the holder's name, -q, -E, -w -------------------------------------
+
+
+def test_conflict_names_the_holder(lock_path: str, spawn_holder) -> None:
     holder = spawn_holder(lock_path)
-    out = pylock_cli("run", "-n", lock_path, "--", "echo", "ran")
-    assert out.returncode == 1
-    assert out.stdout == ""  # the command never ran
-    assert f"held by pid {holder.pid} (" in out.stderr
-    assert f"on {socket.gethostname()} since " in out.stderr
-    assert lock_path in out.stderr
-
-    custom = pylock_cli("run", "-n", "-E", "42", lock_path, "--", "echo", "ran")
-    assert custom.returncode == 42 and custom.stdout == ""
-
-    quiet = pylock_cli("run", "-n", "-q", lock_path, "--", "echo", "ran")
-    assert quiet.returncode == 1 and quiet.stderr == ""
+    out = cli("run", "-n", lock_path, "echo", "ran")
+    assert (out.returncode, out.stdout) == (1, "")
+    (line,) = out.stderr.splitlines()
+    assert line.startswith(f"pylock: {lock_path} is held by pid {holder.pid} (")
+    assert f" on {socket.gethostname()} since " in line
 
 
-def test_run_timeout_conflict(lock_path: str, spawn_holder) -> None:
+def test_quiet_is_silent_where_flock_is(lock_path: str, spawn_holder) -> None:
+    spawn_holder(lock_path)
+    for args in (["-n"], ["-w", "0.05"], ["-w", "0"], ["-n", "-E", "3"]):
+        out = cli("run", "-q", *args, lock_path, "echo", "ran")
+        assert (out.stdout, out.stderr) == ("", ""), args
+        assert out.returncode == (3 if "-E" in args else 1)
+
+
+def test_conflict_exit_code(lock_path: str, spawn_holder) -> None:
+    spawn_holder(lock_path)
+    for code in ("0", "42", "255"):
+        out = cli("run", "-n", "-E", code, lock_path, "echo", "ran")
+        assert (out.returncode, out.stdout) == (int(code), "")
+        out = cli("run", "--conflict-exit-code", code, "-w", "0.01", lock_path, "true")
+        assert out.returncode == int(code)
+
+
+def test_timeout_names_the_holder(lock_path: str, spawn_holder) -> None:
     holder = spawn_holder(lock_path)
-    out = pylock_cli("run", "-w", "0.1", "-E", "9", lock_path, "--", "echo", "ran")
-    assert out.returncode == 9 and out.stdout == ""
-    assert "timed out after 0.1 s" in out.stderr and f"pid {holder.pid}" in out.stderr
+    out = cli("run", "-w", "0.1", "-E", "9", lock_path, "echo", "ran")
+    assert (out.returncode, out.stdout) == (9, "")
+    assert "timed out after 0.1 s waiting for" in out.stderr
+    assert f"pid {holder.pid}" in out.stderr
+
+
+def test_nonblock_wins_over_a_timeout_and_zero_is_nonblock(lock_path: str, spawn_holder) -> None:
+    spawn_holder(lock_path)
+    # A 60 s timeout would hang the test (subprocess timeout 30) if -n lost.
+    for args in (["-n", "-w", "60"], ["-w", "60", "-n"], ["-w", "0"], ["--wait=0.0"]):
+        out = cli("run", "-q", *args, lock_path, "true", timeout=30)
+        assert out.returncode == 1, args
 
 
 def test_run_waits_for_the_holder(lock_path: str, spawn_holder) -> None:
     holder = spawn_holder(lock_path)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pylock", "run", lock_path, "--", "echo", "ran"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env_with_repo(),
+        [PYLOCK, "run", lock_path, "echo", "ran"], stdout=subprocess.PIPE, text=True, env=cli_env()
     )
     try:
         wait_blocked(lock_path, proc.pid)
@@ -108,179 +187,107 @@ def test_run_waits_for_the_holder(lock_path: str, spawn_holder) -> None:
             proc.wait()
 
 
-def test_run_unusable_lock_file(tmp_path: Path) -> None:
-    path = str(tmp_path / "nowhere" / "x.lock")
-    out = pylock_cli("run", path, "--", "echo", "ran")
-    assert out.returncode == 73 and out.stdout == ""
-    assert path in out.stderr and "No such file or directory" in out.stderr
+def test_shared_and_exclusive_last_one_wins(lock_path: str, spawn_holder) -> None:
+    spawn_holder(lock_path, shared=True)
+    assert cli("run", "-n", "-s", lock_path, "true").returncode == 0
+    assert cli("run", "-n", "--shared", lock_path, "true").returncode == 0
+    assert cli("run", "-q", "-n", lock_path, "true").returncode == 1
+    assert cli("run", "-q", "-n", "-s", "-x", lock_path, "true").returncode == 1
+    assert cli("run", "-q", "-n", "-s", "-e", lock_path, "true").returncode == 1
+    assert cli("run", "-q", "-n", "-x", "-s", lock_path, "true").returncode == 0
+    assert cli("run", "-q", "-nxs", lock_path, "true").returncode == 0
 
 
-def test_run_without_a_command(lock_path: str) -> None:
-    out = pylock_cli("run", lock_path)
-    assert out.returncode == 64 and "no command" in out.stderr
+def test_verbose_prints_flocks_messages(lock_path: str, spawn_holder) -> None:
+    out = cli("run", "--verbose", lock_path, "true")
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("pylock: getting lock took ") and lines[0].endswith(" seconds")
+    assert lines[1:] == ["pylock: executing true"]
+    spawn_holder(lock_path)
+    out = cli("run", "--verbose", "-q", "-n", lock_path, "true")
+    assert (out.returncode, out.stderr) == (1, "pylock: failed to get lock\n")
+    out = cli("run", "--verbose", "-q", "-w", "0.01", lock_path, "true")
+    assert (out.returncode, out.stderr) == (1, "pylock: timeout while waiting to get lock\n")
 
 
-def test_run_relative_path_and_unlink(tmp_path: Path) -> None:
-    out = pylock_cli(
-        "run", "--unlink", "rel.lock", "--", "sh", "-c", "test -e rel.lock", cwd=tmp_path
-    )
-    assert out.returncode == 0, out.stderr
-    assert not (tmp_path / "rel.lock").exists()
-
-
-def test_command_keeps_the_lock_if_pylock_is_killed(lock_path: str) -> None:
-    """As with flock(1), the command inherits the locked descriptor (unless -o)."""
-    for close, held_after in ((False, True), (True, False)):
-        argv = [sys.executable, "-m", "pylock", "run", *(["-o"] if close else []), lock_path]
-        proc = subprocess.Popen(
-            [*argv, "--", "sh", "-c", "echo $$; read x || true"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env_with_repo(),
-        )
-        assert proc.stdout is not None and proc.stdin is not None
-        child = int(proc.stdout.readline())
-        try:
-            assert flock_n(lock_path) == 1
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-            assert os.path.exists(f"/proc/{child}")
-            assert (flock_n(lock_path) == 1) is held_after
-            if held_after:
-                assert [h.pid for h in pylock.holders(lock_path)] == [child]
-        finally:
-            proc.stdin.close()  # the shell reads EOF and exits
-            proc.stdout.close()
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
-
-
-# -- who -------------------------------------------------------------------------
-
-
-def test_who_free_and_missing(lock_path: str, tmp_path: Path) -> None:
-    out = pylock_cli("who", lock_path)
-    assert out.returncode == 1 and out.stdout == f"{lock_path}: free\n"
-    Path(lock_path).touch()
-    out = pylock_cli("who", "--json", lock_path)
-    assert out.returncode == 1 and json.loads(out.stdout) == []
-
-
-def test_who_names_the_holder(lock_path: str, spawn_holder) -> None:
-    holder = spawn_holder(lock_path, info={"port": 8080})
-    out = pylock_cli("who", lock_path)
-    assert out.returncode == 0, out.stderr
-    first, second = out.stdout.splitlines()[0], out.stdout.splitlines()[-1]
-    assert first.startswith(f"{lock_path}: held by pid {holder.pid} (")
-    assert f"on {socket.gethostname()} since " in first
-    assert "unverified" not in first
-    assert second == '  info: {"port": 8080}'
-
-
-def test_who_json(lock_path: str, spawn_holder) -> None:
-    holder = spawn_holder(lock_path, info={"port": 8080})
-    out = pylock_cli("who", "--json", lock_path)
-    assert out.returncode == 0, out.stderr
-    (entry,) = json.loads(out.stdout)
-    assert entry["pid"] == holder.pid
-    assert entry["verified"] is True and entry["shared"] is False
-    assert entry["info"] == {"port": 8080}
-    assert entry["hostname"] == socket.gethostname()
-    assert entry["program"] == os.path.basename(sys.executable)
-    assert entry["acquired_at"].endswith("+00:00")
-    found = pylock.Lock(lock_path).holder()
-    assert found is not None and entry["start_time"] == found.start_time
-
-
-def test_who_all_lists_shared_holders(lock_path: str, spawn_holder) -> None:
-    a = spawn_holder(lock_path, shared=True)
-    b = spawn_holder(lock_path, shared=True)
-    out = pylock_cli("who", "--all", "--json", lock_path)
-    assert out.returncode == 0, out.stderr
-    entries = json.loads(out.stdout)
-    assert sorted(e["pid"] for e in entries) == sorted([a.pid, b.pid])
-    assert all(e["shared"] and e["verified"] for e in entries)
-    text = pylock_cli("who", "--all", lock_path)
-    assert text.returncode == 0
-    lines = text.stdout.splitlines()
-    assert len(lines) == 2
-    assert all(line.startswith(f"{lock_path}: shared by pid") for line in lines)
-
-
-def test_who_lists_the_command_sharing_pylock_runs_descriptor(lock_path: str) -> None:
+def test_no_fork_execs_in_place(lock_path: str) -> None:
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pylock",
-            "run",
-            lock_path,
-            "--",
-            "sh",
-            "-c",
-            "echo $$; read x || true",
-        ],
-        stdin=subprocess.PIPE,
+        [PYLOCK, "run", "-F", lock_path, "sh", "-c", "echo $$"],
         stdout=subprocess.PIPE,
         text=True,
-        env=env_with_repo(),
+        env=cli_env(),
     )
-    assert proc.stdout is not None and proc.stdin is not None
-    try:
-        child = int(proc.stdout.readline())
-        out = pylock_cli("who", "--all", "--json", lock_path)
-        assert sorted(e["pid"] for e in json.loads(out.stdout)) == sorted([proc.pid, child])
-    finally:
-        proc.stdin.close()
-        assert proc.wait(timeout=30) == 0
-        proc.stdout.close()
+    out, _ = proc.communicate(timeout=30)
+    assert (int(out), proc.returncode) == (proc.pid, 0)
 
 
-# -- wait-exit ----------------------------------------------------------------------
+# -- usage errors: one line, exit 64, never a traceback ----------------------------
+
+USAGE_ERRORS = [
+    [],
+    ["run"],
+    ["run", "-n"],
+    ["run", "-Z", "f", "true"],
+    ["run", "--bogus", "f", "true"],
+    ["run", "--no", "f", "true"],  # ambiguous: --nonblock, --no-fork
+    ["run", "--shared=yes", "f", "true"],
+    ["run", "-w"],
+    ["run", "-w", "-1", "f", "true"],
+    ["run", "-w", "abc", "f", "true"],
+    ["run", "-w", "", "f", "true"],
+    ["run", "-w", "nan", "f", "true"],
+    ["run", "-w", "inf", "f", "true"],
+    ["run", "-w", "1,5", "f", "true"],
+    ["run", "-E", "256", "f", "true"],
+    ["run", "-E", "-1", "f", "true"],
+    ["run", "-E", "x", "f", "true"],
+    ["run", "-E", "0x10", "f", "true"],
+    ["run", "-F", "-o", "f", "true"],
+    ["run", "f", "-c"],
+    ["run", "f", "-c", "a", "b"],
+    ["run", "-c", "true"],
+    ["run", "-c", "true", "f", "g"],
+    ["run", "f", "--"],
+    ["run", "abc"],
+    ["run", "--fcntl", "f", "true"],
+    ["run", "--start", "0", "f", "true"],
+    ["run", "--length", "1", "f", "true"],
+    ["frobnicate"],
+    ["--bogus"],
+    ["who"],
+    ["who", "--bogus", "f"],
+    ["wait"],
+    ["wait", "a", "b"],
+    ["wait-exit"],
+    ["wait-exit", "notapid"],
+    ["wait-exit", "0"],
+    ["wait-exit", "-w", "x", "1"],
+]
 
 
-def _waiting_on_a_pidfd(pid: int) -> bool:
-    """The process sleeps in poll with a pidfd open: it is waiting for an exit."""
-    fds = os.listdir(f"/proc/{pid}/fd")
-    links = []
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-    with open(f"/proc/{pid}/wchan") as f:
-        wchan = f.read()
-    return any("pidfd" in link for link in links) and "poll" in wchan
+@pytest.mark.parametrize("args", USAGE_ERRORS, ids=lambda a: " ".join(a) or "(none)")
+def test_usage_errors(tmp_path: Path, args: list[str]) -> None:
+    out = cli(*args, cwd=tmp_path)
+    assert out.returncode == 64, out
+    assert out.stdout == ""
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("pylock") and "-h'" in line
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "f").exists()  # nothing was locked or created
 
 
-def test_wait_exit(lock_path: str) -> None:
-    target = subprocess.Popen(["sleep", "1000"])
-    try:
-        out = pylock_cli("wait-exit", "-w", "0.1", str(target.pid))
-        assert out.returncode == 1, out.stderr
-        waiter = subprocess.Popen(
-            [sys.executable, "-m", "pylock", "wait-exit", str(target.pid)], env=env_with_repo()
-        )
-        try:
-            deadline = time.monotonic() + 20
-            while not _waiting_on_a_pidfd(waiter.pid):
-                assert waiter.poll() is None, "wait-exit returned while its target lived"
-                assert time.monotonic() < deadline, "wait-exit never started waiting"
-                time.sleep(0.005)  # re-reading kernel state, not standing in for a signal
-            target.kill()
-            assert waiter.wait(timeout=30) == 0
-        finally:
-            if waiter.poll() is None:
-                waiter.kill()
-                waiter.wait()
-    finally:
-        target.kill()
-        target.wait()
-    # A process that has already exited: nothing to wait for.
-    assert pylock_cli("wait-exit", str(target.pid)).returncode == 0
-
-
-def test_usage_errors() -> None:
-    assert pylock_cli().returncode == 2
-    assert pylock_cli("wait-exit", "notapid").returncode == 2
-    out = pylock_cli("wait-exit", "0")
-    assert out.returncode != 0 and "process" in out.stderr
+def test_help_and_version() -> None:
+    top = cli("--help")
+    assert top.returncode == 0
+    for name in ("run", "who", "wait", "wait-exit"):
+        assert f"  {name} " in top.stdout
+        sub = cli(name, "-h")
+        assert sub.returncode == 0 and sub.stdout.startswith("Usage:\n pylock " + name)
+    run_help = cli("run", "--help").stdout
+    for option in ("--shared", "--exclusive", "--unlock", "--nonblock", "--timeout", "--wait",
+                   "--conflict-exit-code", "--close", "--command", "--fd", "--no-fork",
+                   "--quiet", "--verbose", "--version", "symbolic link"):  # fmt: skip
+        assert option in run_help, option
+    for args in (["--version"], ["-V"], ["run", "-V"], ["run", "--version"]):
+        out = cli(*args)
+        assert (out.returncode, out.stdout) == (0, f"pylock {pylock.__version__}\n")

@@ -1,0 +1,133 @@
+"""Helpers for the pylock command's tests: the installed console script, flock(1)
+holders, and kernel probes.  Every test runs the real `pylock` script (the one
+pip installed beside this interpreter) as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from tests.support import env_with_repo
+
+PYLOCK = os.path.join(os.path.dirname(sys.executable), "pylock")
+FLOCK = shutil.which("flock")
+
+needs_flock = pytest.mark.skipif(FLOCK is None, reason="util-linux flock(1) is not installed")
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = env_with_repo()
+    env.pop("PYLOCK_DEBUG", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def cli(
+    *args: str,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> subprocess.CompletedProcess[str]:
+    """Run the installed `pylock` console script to completion."""
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.run(
+        [PYLOCK, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(env),
+        **kwargs,
+    )
+
+
+def flock(*args: str, timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    assert FLOCK is not None
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.run([FLOCK, *args], capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def free_now(path: str) -> bool:
+    """Whether an exclusive flock(2) on path would be granted right now (nothing written)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+    finally:
+        os.close(fd)
+
+
+class Holder:
+    """A process holding path through `<tool> [opts] path sh -c ...` until released.
+
+    It prints its shell's pid once it holds the lock (the pipe is the
+    synchronisation) and holds it until its stdin closes.
+    """
+
+    def __init__(self, tool: Sequence[str], path: str, *opts: str) -> None:
+        self.proc = subprocess.Popen(
+            [*tool, *opts, path, "sh", "-c", "echo $$; read x || true"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.strip().isdigit(), f"holder failed: {line!r}"
+        self.shell_pid = int(line)
+
+    def release(self) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        code = self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.release()
+
+
+def blocked_waiters(path: str) -> list[int]:
+    """Pids the kernel shows blocked waiting for a flock on path (/proc/locks "->" lines)."""
+    st = os.stat(path)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+    with open("/proc/locks") as f:
+        return [int(line.split()[5]) for line in f if " -> " in line and key in line]
+
+
+def wait_blocked(path: str, pid: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while pid not in blocked_waiters(path):
+        assert time.monotonic() < deadline, f"pid {pid} never blocked on {path}"
+        time.sleep(0.002)  # re-reading kernel state, not standing in for a signal
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(word) for word in f.read().split()]
+    except OSError:
+        return []
+
+
+def signal_mask(pid: int, field: str) -> int:
+    """A signal set from /proc/<pid>/status (SigIgn, SigBlk, ...), as a bit mask."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1], 16)
+    raise AssertionError(f"no {field} for {pid}")

@@ -8,13 +8,15 @@ traceback ever reaches the user.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
 
 from ._cli_args import EX_USAGE, Option, UsageError, help_lines
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
 
 EX_SOFTWARE = 70
 
@@ -109,8 +111,10 @@ def _stderr(line: str) -> None:
 
 def _die_by(signum: int) -> None:
     """End as if signum had killed us, so the caller sees a signal death (128 + n)."""
-    with contextlib.suppress(OSError):
+    try:  # noqa: SIM105 (contextlib costs start-up time)
         sys.stdout.flush()
+    except OSError:
+        pass  # a closed pipe: nothing more to say
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     os._exit(128 + signum)  # only if the signal is blocked

@@ -12,9 +12,10 @@ converter for its argument); parse() and the help text pick it up.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+TYPE_CHECKING = False  # typing stays unloaded: `pylock run` starts in shell loops
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
 
 EX_USAGE = 64
 
@@ -23,7 +24,7 @@ class UsageError(Exception):
     """A command line pylock cannot run: reported in one line, exit 64."""
 
 
-class Option(NamedTuple):
+class Option:
     """One option: its spellings, where its value goes, and its help line.
 
     short: one-letter spellings ("xe" for -x and -e); long: long spellings.
@@ -31,13 +32,25 @@ class Option(NamedTuple):
     the argument's text to its value, raising UsageError when it is invalid.
     """
 
-    short: str
-    long: tuple[str, ...]
-    dest: str
-    help: str
-    convert: Callable[[str], Any] | None = None
-    const: Any = True
-    metavar: str = ""
+    __slots__ = ("const", "convert", "dest", "help", "long", "metavar", "short")
+
+    def __init__(
+        self,
+        short: str,
+        long: tuple[str, ...],
+        dest: str,
+        help: str,
+        convert: Callable[[str], Any] | None = None,
+        const: Any = True,
+        metavar: str = "",
+    ) -> None:
+        self.short = short
+        self.long = long
+        self.dest = dest
+        self.help = help
+        self.convert = convert
+        self.const = const
+        self.metavar = metavar
 
 
 def parse(
@@ -132,7 +145,7 @@ def help_lines(options: Sequence[Option]) -> list[str]:
 def seconds(text: str) -> float:
     """A timeout in seconds: 0, fractions and exponents; never negative or infinite."""
     value = _float(text)
-    if value is None or not math.isfinite(value) or value < 0:
+    if value is None or value != value or value in (float("inf"), float("-inf")) or value < 0:
         raise UsageError(f"invalid timeout value: '{text}' (seconds, 0 or more)")
     return value
 

@@ -13,8 +13,11 @@ import os
 import time
 
 from ._errors import SYMLINK, LockFileError, advice_for
-from ._holder import Holder
 from ._native import ffi, lib
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._holder import Holder
 
 _FOREVER_NS = 2**62
 

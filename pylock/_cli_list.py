@@ -15,10 +15,13 @@ import errno
 import os
 import stat
 import sys
-from collections.abc import Sequence
-from typing import Any
 
 from ._cli_args import Option, UsageError, parse
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 EX_NOINPUT = 66
 

@@ -15,18 +15,20 @@ long as any process holding that descriptor (a background grandchild too).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
 import stat
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any, NoReturn
 
 from . import _cli_args as args
 from ._cli_args import Option, UsageError
+
+TYPE_CHECKING = False  # typing stays unloaded: `pylock run` starts in shell loops
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, NoReturn
 
 # sysexits.h, as flock(1) uses them.
 EX_DATAERR = 65
@@ -268,7 +270,9 @@ def _lock_path(call: Invocation, path: str) -> tuple[int, Any]:
     try:
         mode = 0o666 & ~_umask()
         lock = Lock(path, shared=call.mode == SHARED, mode=mode, info=call.opts["info"])
-        _quiet_record_warnings()
+        # A file pylock may lock but not write (read-only, another user's)
+        # is locked as flock(1) locks it, silently: the record only explains.
+        lock._record_warned = True
         try:
             if call.nonblock:
                 lock.acquire(blocking=False)
@@ -398,18 +402,8 @@ def _umask() -> int:
     return mask
 
 
-def _quiet_record_warnings() -> None:
-    # A file pylock may lock but not write (read-only, another user's) is
-    # locked as flock(1) locks it: silently, the record is only diagnostics.
-    import logging
-
-    logging.getLogger("pylock").setLevel(logging.ERROR)
-
-
 def _status_line(call: Invocation) -> bool:
-    from ._cli_status import wanted
-
-    return wanted(call.quiet)
+    return not call.quiet and os.isatty(2)
 
 
 def _status(what: str, holder: Any) -> Any:
@@ -483,8 +477,10 @@ def _exec(command: list[str]) -> NoReturn:
     except OSError as exc:
         code = exc.errno
         message = f"pylock: failed to execute {command[0]}: {exc.strerror}\n"
-    with contextlib.suppress(OSError):
+    try:  # noqa: SIM105 (contextlib costs start-up time)
         os.write(2, message.encode(errors="replace"))
+    except OSError:
+        pass  # nowhere to say it; the status still tells
     os._exit(EX_OSERR if code == errno.ENOMEM else EX_UNAVAILABLE)
 
 

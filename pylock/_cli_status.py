@@ -8,12 +8,14 @@ wait ends, however it ends.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
-from types import TracebackType
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import TracebackType
 
 _ERASE = b"\r\x1b[K"
 _SHOW_AFTER = 1.0
@@ -75,5 +77,7 @@ def _fit(text: str) -> str:
 
 
 def _write(data: bytes) -> None:
-    with contextlib.suppress(OSError):
+    try:  # noqa: SIM105 (contextlib costs start-up time)
         os.write(2, data)
+    except OSError:
+        pass  # the terminal went away: the status line is only a courtesy

@@ -6,10 +6,13 @@ import errno
 import os
 import sys
 import time
-from collections.abc import Sequence
 
 from . import _cli_args as args
 from ._cli_args import Option, UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 EX_NOINPUT = 66
 

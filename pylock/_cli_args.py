@@ -135,8 +135,14 @@ def help_lines(options: Sequence[Option]) -> list[str]:
         if not opt.short:
             left = "    " + left
         rows.append((left, opt.help))
-    width = max(len(left) for left, _ in rows) + 2
-    return [f" {left.ljust(width)}{text}" for left, text in rows]
+    width = min(max(len(left) for left, _ in rows), 26) + 2
+    lines = []
+    for left, text in rows:
+        if len(left) >= width:  # too wide: the text goes on a line of its own
+            lines.append(f" {left}")
+            left = ""
+        lines.append(f" {left.ljust(width)}{text}")
+    return lines
 
 
 # -- argument converters --------------------------------------------------------

@@ -109,10 +109,17 @@ USAGE = """\
 Usage:
  pylock run [options] FILE|DIRECTORY [--] COMMAND [ARG...]
  pylock run [options] FILE|DIRECTORY -c COMMAND_STRING
+ pylock run [options] -c COMMAND_STRING FILE|DIRECTORY
  pylock run [options] NUMBER
+ pylock run [options] --fd NUMBER [COMMAND [ARG...] | -c COMMAND_STRING]
 
-Run a command holding a lock, exactly as util-linux flock(1) does (same
-options, same exit codes), and say who holds the lock when it is taken.
+Run a command holding a lock, exactly as util-linux flock(1) does: the same
+options, exit codes and process behaviour (the command inherits the locked
+descriptor; pylock run never unlocks, it only closes its own copy; signals
+are not forwarded).  On a conflict or timeout it also says who holds the
+lock: pid, program, host, since when (-q: silent, as flock(1) is).  The
+NUMBER form locks a descriptor the caller opened: ( pylock run -n 9 || exit
+1; ... ) 9>FILE.  On a terminal, a wait over a second shows a status line.
 
 Options:
 """
@@ -450,7 +457,11 @@ def _execute(call: Invocation, fd: int) -> int:
     _restore_default_interrupt()
     if call.no_fork:
         _exec(call.command)
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        _say(f"fork failed: {exc.strerror}")
+        return EX_OSERR
     if pid == 0:
         if call.close and call.path is None:
             os.close(fd)

@@ -5,6 +5,7 @@ processes and signals: test_cli_process.py; who/wait/list: test_cli_tools.py."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -291,3 +292,45 @@ def test_help_and_version() -> None:
     for args in (["--version"], ["-V"], ["run", "-V"], ["run", "--version"]):
         out = cli(*args)
         assert (out.returncode, out.stdout) == (0, f"pylock {pylock.__version__}\n")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root, setpriv")
+def test_read_only_files_are_locked_as_another_user() -> None:
+    """A file the caller may read but not write: locked, not a byte written, 66 if unreadable."""
+    import tempfile
+
+    # Outside pytest's directories, which only root may enter.
+    with tempfile.TemporaryDirectory(prefix="pylock-cli-") as name:
+        shared = Path(name)
+        shared.chmod(0o755)
+        _read_only_files(shared)
+
+
+def _read_only_files(shared: Path) -> None:
+    empty = shared / "empty.lock"
+    empty.touch()
+    empty.chmod(0o644)
+    script = shared / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    secret = shared / "secret.lock"
+    secret.touch()
+    secret.chmod(0o600)
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYLOCK, "run"]
+    for path in (empty, script):
+        before = path.read_bytes()
+        holder = Holder(nobody, str(path))
+        try:
+            out = subprocess.run(
+                ["flock", "-n", str(path), "true"], capture_output=True, env=cli_env()
+            )
+            assert out.returncode == 1  # root is excluded by nobody's read-only lock
+        finally:
+            assert holder.release() == 0
+        assert path.read_bytes() == before
+        out = subprocess.run([*nobody, "-n", str(path), "true"], capture_output=True, env=cli_env())
+        assert (out.returncode, out.stderr) == (0, b"")
+    out = subprocess.run(
+        [*nobody, str(secret), "true"], capture_output=True, text=True, env=cli_env()
+    )
+    assert out.returncode == 66 and "Permission denied" in out.stderr

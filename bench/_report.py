@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import datetime
-import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import _targets
+from _doc import Doc, fmt_rate, latency_table, median
 from _targets import fmt_ns, get, p99
 
 if TYPE_CHECKING:
@@ -45,23 +45,6 @@ DEATH_MANY_LABELS = dict(
 )
 
 
-def median(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
-def fmt_rate(x: float) -> str:
-    return f"{x:,.0f}/s"
-
-
-def faster(pylock: float, other: float, floor: bool = False) -> str:
-    """pylock's time against another's, in words."""
-    if floor:
-        return f"pylock = {pylock / other:.2f}x this"
-    if other >= pylock:
-        return f"pylock {other / pylock:.1f}x faster"
-    return f"pylock {pylock / other:.2f}x slower"
-
-
 @dataclass
 class Report:
     markdown: str
@@ -69,30 +52,10 @@ class Report:
     summary: str = ""  # the targets table, for the project README
 
 
-class _Doc:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.failed: list[str] = []
-
-    def add(self, *lines: str) -> None:
-        self.lines.extend(lines)
-
-    def table(self, head: list[str], rows: list[list[str]]) -> None:
-        self.add("| " + " | ".join(head) + " |", "|" + "---|" * len(head))
-        for r in rows:
-            self.add("| " + " | ".join(r) + " |")
-        self.add("")
-
-    def error_row(self, section: str, row: Row, width: int, label: str) -> list[str]:
-        self.failed.append(f"{section}: {row.lib}")
-        msg = (row.error or "no samples").replace("|", "\\|").replace("\n", " ")
-        return [label, f"not measured: {msg}"] + [""] * (width - 2)
-
-
 def render(
     results: Results, machine: dict[str, str], sizes: Sizes, record_len: int, cmd: str
 ) -> Report:
-    d = _Doc()
+    d = Doc()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     d.add(
         "# pylock benchmarks",
@@ -104,7 +67,7 @@ def render(
     d.table(["", ""], [[k, v.replace("|", "\\|")] for k, v in machine.items()])
 
     targets = _targets.targets(results)
-    summary = _Doc()
+    summary = Doc()
     summary.add(
         f"From `{cmd}` on {stamp} (cores: {machine.get('cores', '?')}; "
         f"{machine.get('kernel', '?')}, {machine.get('Python', '?').split(' (')[0]}, "
@@ -135,44 +98,7 @@ def render(
     )
 
 
-def _latency_table(
-    d: _Doc,
-    section: str,
-    rows: dict[str, Row],
-    order: list[tuple[str, str, str | None, bool]],
-    with_max: bool,
-) -> None:
-    """order: (key, label, pylock key to compare with or None, compare as floor)."""
-    head = (
-        ["", "median", "p99"]
-        + (["max"] if with_max else [])
-        + ["trials", "pylock vs this (medians)"]
-    )
-    out = []
-    for key, label, ref, is_floor in order:
-        row = rows.get(key)
-        if row is None:
-            continue
-        if not row.ok:
-            out.append(d.error_row(section, row, len(head), label))
-            continue
-        m = median(row.samples)
-        cells = [label, fmt_ns(m), fmt_ns(p99(row.samples))]
-        if with_max:
-            cells.append(fmt_ns(max(row.samples)))
-        cells.append(str(len(row.samples)))
-        refrow = get(rows, ref) if ref else None
-        if ref is None or key == ref:
-            cells.append("")
-        elif refrow is None:
-            cells.append("pylock not measured")
-        else:
-            cells.append(faster(median(refrow.samples), m, is_floor))
-        out.append(cells)
-    d.table(head, out)
-
-
-def _uncontended(d: _Doc, rows: dict[str, Row], sizes: Sizes, record_len: int) -> None:
+def _uncontended(d: Doc, rows: dict[str, Row], sizes: Sizes, record_len: int) -> None:
     d.add(
         "## Uncontended acquire + release",
         "",
@@ -204,10 +130,10 @@ def _uncontended(d: _Doc, rows: dict[str, Row], sizes: Sizes, record_len: int) -
             "portalocker",
         )
     ]
-    _latency_table(d, "uncontended", rows, order, with_max=False)
+    latency_table(d, "uncontended", rows, order, with_max=False)
 
 
-def _handoff(d: _Doc, name: str, title: str, rows: dict[str, Row], sizes: Sizes) -> None:
+def _handoff(d: Doc, name: str, title: str, rows: dict[str, Row], sizes: Sizes) -> None:
     lo, hi = sizes.block_ms
     if name == "handoff":
         how = (
@@ -235,10 +161,10 @@ def _handoff(d: _Doc, name: str, title: str, rows: dict[str, Row], sizes: Sizes)
         order.append((k, LABELS[k], "pylock", k == "floor"))
     for k in ("pylock-async", "floor-async", "filelock-async"):
         order.append((k, LABELS[k], "pylock-async", k == "floor-async"))
-    _latency_table(d, name, rows, order, with_max=True)
+    latency_table(d, name, rows, order, with_max=True)
 
 
-def _death(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
+def _death(d: Doc, rows: dict[str, Row], sizes: Sizes) -> None:
     lo, hi = sizes.death_block_ms
     one = {k[4:]: r for k, r in rows.items() if k.startswith("one:")}
     many = {k[5:]: r for k, r in rows.items() if k.startswith("many:")}
@@ -268,7 +194,7 @@ def _death(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
             ("fallback", DEATH_LABELS["fallback"], "pylock", False),
             ("fallback-lock", DEATH_LABELS["fallback-lock"], "pylock-lock", False),
         ]
-        _latency_table(d, "death", one, order, with_max=True)
+        latency_table(d, "death", one, order, with_max=True)
     if many:
         n = sizes.many
         d.add(
@@ -323,7 +249,7 @@ def _death(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
         d.table(head, out)
 
 
-def _contention(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
+def _contention(d: Doc, rows: dict[str, Row], sizes: Sizes) -> None:
     d.add(
         "## Contention throughput",
         "",
@@ -394,7 +320,7 @@ STARTUP_LABELS = {
 }
 
 
-def _startup(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
+def _startup(d: Doc, rows: dict[str, Row], sizes: Sizes) -> None:
     bare = rows.get("python")
     interp = bare.extra.get("interpreter", "?") if bare is not None else "?"
     run_row = rows.get("pylock-run")
@@ -406,10 +332,11 @@ def _startup(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
         "",
         "Whole processes, each timed from just before `posix_spawn` to the return of `waitpid`, "
         f"{sizes.startup} of each, round-robin in a shuffled order. Every Python row runs "
-        f"`{interp} -S`: outside any virtual environment and without site hooks (PYTHONPATH "
-        "names the checkout and the directories of the C extensions), because a venv's, "
-        "pyenv's or a distribution's `.pth` files can double the interpreter's own start and "
-        "would flatter every ratio; pylock's bytecode is compiled beforehand, as an installed "
+        f"`{interp}` in a fresh, empty virtual environment, as a "
+        "service's venv would be (PYTHONPATH names the checkout and the directories of the C "
+        "extensions), because an editable install's finder or a distribution's or pyenv's "
+        "`.pth` files can double the interpreter's own start and would flatter every ratio; "
+        "pylock's bytecode is compiled beforehand, as an installed "
         "wheel has it. `pylock run` is the console script exactly as pip writes it "
         "(its `import re` included)" + run_as + ".",
         "",
@@ -444,42 +371,3 @@ def _startup(d: _Doc, rows: dict[str, Row], sizes: Sizes) -> None:
 
 
 # -- README -------------------------------------------------------------------
-
-BEGIN = "<!-- bench-report:begin -->"
-END = "<!-- bench-report:end -->"
-SUMMARY_BEGIN = "<!-- bench-targets:begin -->"
-SUMMARY_END = "<!-- bench-targets:end -->"
-
-
-def update_summary(path: str, summary: str) -> None:
-    """Replace the targets table between the markers in the project README."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    start, end = text.find(SUMMARY_BEGIN), text.find(SUMMARY_END)
-    if start < 0 or end < start:
-        return
-    new = text[: start + len(SUMMARY_BEGIN)] + "\n" + summary + text[end:]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(new)
-
-
-def update_readme(path: str, markdown: str) -> None:
-    """Replace the figures between the markers in bench/README.md."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        return
-    body = markdown.split("\n", 1)[1].lstrip("\n")  # drop the report's own title
-    body = body.replace("\n## ", "\n### ")
-    if body.startswith("## "):
-        body = "#" + body
-    new = (
-        text[: start + len(BEGIN)]
-        + "\n"
-        + body
-        + "\n![latency distributions](latency.png)\n"
-        + text[end:]
-    )
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(new)

@@ -6,13 +6,13 @@ posix_spawn to the return of waitpid: `python -c pass` (the interpreter's
 own start), `python -c "import pylock"`, `import filelock`, the `pylock`
 console script running `pylock run FILE true`, and flock(1) doing the same.
 
-Every Python row runs the same interpreter the same way: the base
-interpreter (not a virtual environment's) with -S, so no site hooks at all
-(a venv's editable-install finder, a distribution's or pyenv's .pth files
-can double the interpreter's own start and so flatter every ratio), with
-PYTHONPATH naming the checkout and the directories of the C extensions
-pylock and filelock need, and with pylock's bytecode compiled beforehand,
-as an installed wheel has it.
+Every Python row runs the same interpreter the same way: a fresh, empty
+virtual environment of the base interpreter, as a service's venv would be,
+so no one's .pth files run at start (an editable install's finder, or a
+distribution's or pyenv's hooks, can double the interpreter's own start and
+so flatter every ratio); PYTHONPATH names the checkout and the directories
+of the C extensions pylock and filelock need, and pylock's bytecode is
+compiled beforehand, as an installed wheel has it.
 """
 
 from __future__ import annotations
@@ -41,12 +41,16 @@ if __name__ == '__main__':
 """
 
 
-def startup_python() -> tuple[str, dict[str, str]]:
-    """The interpreter and environment every Python row runs with."""
-    exe = sys.executable
-    base = getattr(sys, "_base_executable", "")
-    if sys.prefix != sys.base_prefix and base and os.path.exists(base):
-        exe = base
+def startup_python(tmp: str) -> tuple[str, dict[str, str]]:
+    """The interpreter and environment every Python row runs with: a fresh,
+    empty virtual environment of the base interpreter (as a service's venv
+    with pylock installed would be, without anyone's .pth files)."""
+    base = getattr(sys, "_base_executable", "") or sys.executable
+    if sys.prefix == sys.base_prefix or not os.path.exists(base):
+        base = sys.executable
+    venv = os.path.join(tmp, "startup-venv")
+    subprocess.run([base, "-m", "venv", "--without-pip", venv], check=True, capture_output=True)
+    exe = os.path.join(venv, "bin", "python")
     paths = [REPO]
     for module in ("_cffi_backend", "filelock"):
         spec = importlib.util.find_spec(module)
@@ -114,7 +118,7 @@ def heaviest_imports(argv: list[str], env: dict[str, str], top: int = 8) -> list
     run, none inside another shown, leaving out what `python -c pass` loads
     too: where a start-up goes."""
     lines = _importtime(argv, env)
-    baseline = {name for name, _, _ in _importtime([argv[0], "-S", "-c", "pass"], env)}
+    baseline = {name for name, _, _ in _importtime([argv[0], "-c", "pass"], env)}
     # importtime prints children before their parent, one level deeper.
     parent: list[int | None] = []
     for i, (_, _, depth) in enumerate(lines):
@@ -148,14 +152,14 @@ def heaviest_imports(argv: list[str], env: dict[str, str], top: int = 8) -> list
 
 def measure_startup(ctx: Context) -> dict[str, Row]:
     rows = {k: Row(k) for k in STARTUP_ROWS}
-    exe, env = startup_python()
+    exe, env = startup_python(ctx.tmp)
     lock_path = os.path.join(ctx.tmp, "startup.lock")
     flock_path = os.path.join(ctx.tmp, "startup-flock.lock")
     true = shutil.which("true") or "/bin/true"
     argvs: dict[str, list[str]] = {
-        "python": [exe, "-S", "-c", "pass"],
-        "import-pylock": [exe, "-S", "-c", "import pylock"],
-        "import-filelock": [exe, "-S", "-c", "import filelock"],
+        "python": [exe, "-c", "pass"],
+        "import-pylock": [exe, "-c", "import pylock"],
+        "import-filelock": [exe, "-c", "import filelock"],
     }
     if ctx.pylock_error:
         for k in ("import-pylock", "pylock-run"):
@@ -174,7 +178,7 @@ def measure_startup(ctx: Context) -> dict[str, Row]:
         def find_run_syntax() -> None:
             # `pylock run FILE true`, or the same with "--" where the CLI wants it.
             for extra in ([], ["--"]):
-                argv = [exe, "-S", script, "run", lock_path, *extra, true]
+                argv = [exe, script, "run", lock_path, *extra, true]
                 try:
                     spawn_ns(argv, env)
                 except BenchError as exc:
@@ -204,9 +208,9 @@ def measure_startup(ctx: Context) -> dict[str, Row]:
     for k in ("import-pylock", "pylock-run"):
         if k in argvs and rows[k].ok:
             rows[k].extra["heaviest"] = heaviest_imports(argvs[k], env)
-    rows["python"].extra["interpreter"] = exe
+    rows["python"].extra["interpreter"] = os.path.realpath(exe)  # the venv links to it
     rows["python"].extra["pythonpath"] = env["PYTHONPATH"]
     if "pylock-run" in argvs:
         shown = [os.path.basename(a) if a.startswith(ctx.tmp) else a for a in argvs["pylock-run"]]
-        rows["pylock-run"].extra["argv"] = " ".join(shown[3:])
+        rows["pylock-run"].extra["argv"] = " ".join(shown[2:])
     return rows

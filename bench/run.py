@@ -27,6 +27,7 @@ from typing import Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _plot
+import _readme
 import _report
 from _common import BENCH, FULL, QUICK, REPO, Context, Results, Row
 from _measure_death import measure_death_many, measure_death_one
@@ -116,8 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f.write(report.markdown)
         _plot.plot(results, os.path.join(args.out, "latency.png"), cmd)
         if not args.quick and os.path.abspath(args.out) == BENCH and set(only) == set(SECTIONS):
-            _report.update_readme(os.path.join(BENCH, "README.md"), report.markdown)
-            _report.update_summary(os.path.join(REPO, "README.md"), report.summary)
+            _readme.update_readme(os.path.join(BENCH, "README.md"), report.markdown)
+            _readme.update_summary(os.path.join(REPO, "README.md"), report.summary)
         if args.raw:
             with open(args.raw, "w") as f:
                 json.dump(

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._dirs import UnsafeDirectory, runtime_dir
     from ._exit import ExitWatcher, ProcessExit, holder_exit, wait_exit
     from ._holder import Holder, holders
+    from ._protocol import SupportsLock
     from ._ports import PortInUse, PortSocket, bind_port, port_lock
     from ._singleton import TakeoverRefused, singleton, singleton_async
     from ._unixsock import SocketInUse, claim_unix_socket
@@ -36,6 +37,7 @@ _LAZY = {
     "wait_exit": "_exit",
     "Holder": "_holder",
     "holders": "_holder",
+    "SupportsLock": "_protocol",  # typing's Protocol
     # The daemon kit: singletons, ports, sockets (socket, signal and more).
     "TakeoverRefused": "_singleton",
     "singleton": "_singleton",
@@ -79,6 +81,7 @@ __all__ = [
     "ProcessExit",
     "ReentrantAcquire",
     "SocketInUse",
+    "SupportsLock",
     "TakeoverRefused",
     "UnsafeDirectory",
     "UnsafeFilesystem",

@@ -37,6 +37,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, Callable, NamedTuple
 
+from ._etcd_holder import EtcdHolder
 from ._exit_plan import Plan, Target, plan
 from ._timeout import check_timeout, deadline_of
 from ._watch import Watch
@@ -91,6 +92,9 @@ async def holder_exit(target: Target, *, timeout: float | None = None) -> int | 
     wait held.
     """
     seconds = check_timeout(timeout)
+    if isinstance(target, EtcdHolder):  # held in etcd: its key's deletion is its exit
+        await target._pylock_holder_exit(seconds)
+        return None
     loop = asyncio.get_running_loop()
     watch = _start_watch(loop, plan(target), target)
     timer = None
@@ -110,6 +114,8 @@ def wait_exit(target: Target, timeout: float | None = None) -> bool:
     Same targets, timeouts and kernel mechanisms as holder_exit.  Signal
     handlers run while waiting (Ctrl-C interrupts it).
     """
+    if isinstance(target, EtcdHolder):  # held in etcd: its key's deletion is its exit
+        return target._pylock_wait_exit(check_timeout(timeout))
     deadline = deadline_of(timeout)
     resolved = plan(target)
     if resolved.exited:

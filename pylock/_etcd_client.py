@@ -120,12 +120,12 @@ class Cluster:
         try:
             return await method(request, timeout=min(wait, REQUEST_TIMEOUT))
         except rpc.AioRpcError as exc:
-            raise self.translate(exc, deadline) from None
+            raise self.translate(exc, deadline if wait <= REQUEST_TIMEOUT else None) from None
 
     def translate(self, exc: Any, deadline: float | None) -> BaseException:
+        """deadline: the caller's, when it was the gRPC call's own deadline."""
         code = exc.code()
-        late = deadline is not None and time.monotonic() >= deadline - 0.001
-        if code == rpc.StatusCode.DEADLINE_EXCEEDED and late:
+        if code == rpc.StatusCode.DEADLINE_EXCEEDED and deadline is not None:
             return DeadlinePassed()
         if code in (
             rpc.StatusCode.INVALID_ARGUMENT,
@@ -321,16 +321,36 @@ def run_blocking(coro: Awaitable[T]) -> T:
 async def run_async(coro: Awaitable[T], on_orphan: Callable[[T], object] | None = None) -> T:
     """Await coro (run on the etcd loop) from any event loop.
 
-    Cancelling the awaiting task cancels coro; a result that arrived at the
-    same moment is handed to on_orphan (to give back a lock nobody awaits).
+    Cancelling the awaiting task cancels coro and waits for its clean-up, so
+    nothing is left in etcd when the cancellation arrives; a result that
+    arrived at the same moment is handed to on_orphan (to give back a lock
+    nobody awaits any more).
     """
-    future = etcd_loop().submit(coro)
+    loop = asyncio.get_running_loop()
+    finished: asyncio.Future[None] = loop.create_future()
+
+    def set_finished() -> None:
+        if not finished.done():
+            finished.set_result(None)
+
+    async def guarded() -> T:
+        try:
+            return await coro
+        finally:
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed
+                loop.call_soon_threadsafe(set_finished)
+
+    future = etcd_loop().submit(guarded())
     try:
         return await asyncio.wrap_future(future)
     except asyncio.CancelledError:
         won = future.done() and not future.cancelled() and future.exception() is None
         if won and on_orphan is not None:
             on_orphan(future.result())
+        elif not won:
+            future.cancel()
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(finished), REQUEST_TIMEOUT)
         raise
 
 

@@ -33,7 +33,7 @@ from ._etcd_client import (
     run_blocking,
 )
 from ._etcd_holder import EtcdHolder, decode_holder, encode_record
-from ._etcd_session import Session
+from ._etcd_session import RETRY_DELAY, Session
 from ._record import check_info
 
 log = logging.getLogger("pylock")
@@ -224,30 +224,32 @@ class EtcdLock:
     async def _wait_turn(
         self, cluster: Cluster, session: Session, blocking: bool, deadline: float | None
     ) -> None:
-        failed_once = False
         while True:
             if session.lost:
                 raise EtcdUnavailable(
                     self.endpoints, f"this waiter's lease was lost: {session.lost_reason}"
                 )
-            found = await cluster.predecessor(self._prefix, session.key, session.revision, deadline)
-            if found is None:
-                raise EtcdUnavailable(self.endpoints, "this waiter's lease expired while it waited")
-            before, revision = found
-            if before is None:
-                return
-            if not blocking:
-                holder = await self._find(cluster, time.monotonic() + _NAMING_TIME)
-                raise LockHeld(self.path, holder)
             try:
+                found = await cluster.predecessor(
+                    self._prefix, session.key, session.revision, deadline
+                )
+                if found is None:
+                    break
+                before, revision = found
+                if before is None:
+                    return
+                if not blocking:
+                    holder = await self._find(cluster, time.monotonic() + _NAMING_TIME)
+                    raise LockHeld(self.path, holder)
                 await cluster.deleted(bytes(before.key), revision, deadline)
-                failed_once = False
             except EtcdUnavailable:
-                # The member we watched through went away: read again through
-                # another one, once; a second failure in a row is the answer.
-                if failed_once:
+                # The member we talked to went away.  Another may answer: try
+                # again until the lease is lost (no keep-alive confirmed for a
+                # whole TTL), which bounds the wait when the cluster is gone.
+                if session.lost:
                     raise
-                failed_once = True
+                await asyncio.sleep(RETRY_DELAY)
+        raise EtcdUnavailable(self.endpoints, "this waiter's lease expired while it waited")
 
     async def _find(self, cluster: Cluster, deadline: float | None) -> EtcdHolder | None:
         try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 _Self = TypeVar("_Self", bound="SupportsLock")
 
@@ -42,3 +42,12 @@ class SupportsLock(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+if TYPE_CHECKING:
+    from ._etcd_lock import EtcdLock
+    from ._lock import Lock
+
+    def _both_are_locks(lock: Lock, etcd_lock: EtcdLock) -> list[SupportsLock]:
+        # mypy --strict pylock checks here that both classes satisfy the protocol.
+        return [lock, etcd_lock]

@@ -1,0 +1,139 @@
+"""Fixtures and child processes for the etcd tests (real etcd processes on loopback).
+
+The fixtures start their own etcd (tests/support/etcd.py), so ``pytest tests``
+needs nothing running.  Without the etcd binary or the `etcd` extra the etcd
+tests skip with the reason, unless PYLOCK_REQUIRE_ETCD=1 (set by .ci/run),
+which turns that skip into a failure: CI never skips them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.etcd import EtcdCluster, etcd_available
+from tests.support.procs import Script
+
+
+def _missing() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "the etcd tests run on Linux"
+    if not etcd_available():
+        return "no etcd binary (apt-get install etcd-server)"
+    try:
+        import aetcd  # noqa: F401
+    except ImportError:
+        return "the etcd extra is not installed (pip install -e '.[etcd]')"
+    return None
+
+
+def require_etcd() -> None:
+    reason = _missing()
+    if reason is None:
+        return
+    if os.environ.get("PYLOCK_REQUIRE_ETCD") == "1":
+        pytest.fail(f"PYLOCK_REQUIRE_ETCD=1 but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[EtcdCluster]:
+    """One etcd node for the module; tests use distinct lock names."""
+    require_etcd()
+    with EtcdCluster(1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def lock_name(request: pytest.FixtureRequest) -> str:
+    return f"{request.node.name}-{os.getpid()}"
+
+
+# A child holding an etcd lock, driven by lines on stdin: "acquire", "release",
+# "lost" (prints "lost True|False").  Its on_lost callback prints "on_lost".
+HOLDER = textwrap.dedent(
+    """
+    import sys
+    from pylock.etcd import EtcdLock
+    endpoints, name, ttl = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    lock = EtcdLock(name, endpoints=endpoints, ttl=ttl, info={"role": "holder"},
+                    on_lost=lambda lock: print("on_lost", flush=True))
+    print("ready", flush=True)
+    for line in sys.stdin:
+        word = line.strip()
+        if word == "acquire":
+            lock.acquire()
+            print("locked", lock.fencing_token, flush=True)
+        elif word == "release":
+            lock.release()
+            print("released", flush=True)
+        elif word == "lost":
+            print("lost", lock.lost, flush=True)
+    """
+)
+
+
+def holder_process(endpoints: str, name: str, ttl: int = 2) -> Script:
+    child = Script(HOLDER, endpoints, name, str(ttl))
+    child.expect("ready")
+    return child
+
+
+def expect_line(child: Script, prefix: str, within: float = 60.0) -> str:
+    """The child's next line, which must start with prefix; a guard against a
+    hang (a failure), never a synchronisation by time."""
+    assert child.proc.stdout is not None
+    ready, _, _ = select.select([child.proc.stdout], [], [], within)
+    if not ready:
+        raise AssertionError(f"child said nothing in {within} s (waiting for {prefix!r})")
+    return child.expect(prefix)
+
+
+def contenders(endpoints: str, name: str, at_least: int, timeout: float = 30.0) -> int:
+    """Wait, by an etcd watch on the lock's prefix, until at_least contenders
+    have their keys in the queue; their number."""
+    from aetcd import rpc
+
+    from pylock._etcd_client import etcd_loop, normalize_endpoints, prefix_end, run_blocking
+    from pylock._etcd_lock import EtcdLock
+
+    prefix = EtcdLock(name, endpoints=endpoints)._prefix
+
+    async def watch() -> int:
+        cluster = etcd_loop().cluster(normalize_endpoints(endpoints))
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = await cluster.call(
+                cluster.kv.Range,
+                rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), count_only=True),
+                deadline,
+            )
+            if reply.count >= at_least:
+                return int(reply.count)
+            create = rpc.WatchCreateRequest(
+                key=prefix, range_end=prefix_end(prefix), start_revision=reply.header.revision + 1
+            )
+            stop = asyncio.Event()
+
+            async def requests(create: Any = create, stop: asyncio.Event = stop) -> Any:
+                yield rpc.WatchRequest(create_request=create)
+                await stop.wait()
+
+            call = cluster.watch.Watch(requests(), timeout=deadline - time.monotonic())
+            try:
+                async for event in call:
+                    if event.events:
+                        break
+            finally:
+                stop.set()
+                call.cancel()
+
+    return run_blocking(watch())

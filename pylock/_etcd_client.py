@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, Callable, TypeVar
 
-from aetcd import rpc  # type: ignore[import-untyped]
+from aetcd import rpc
 
 from ._errors import LockError
 
@@ -233,9 +233,11 @@ class Cluster:
             yield rpc.WatchRequest(create_request=create)
             await stop.wait()
 
-        wait = None if deadline is None else max(0.001, deadline - time.monotonic())
-        call = self.watch.Watch(requests(), timeout=wait)
-        try:
+        # The deadline is kept here, not given to gRPC: etcd ends a stream
+        # whose deadline passed with an unspecific "context deadline exceeded".
+        call = self.watch.Watch(requests())
+
+        async def outcome() -> bool:
             async for reply in call:
                 if reply.compact_revision:
                     return False
@@ -243,12 +245,18 @@ class Cluster:
                     return True
                 if reply.canceled:
                     return False
+            raise self.unavailable(RuntimeError("watch stream closed"))
+
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return await asyncio.wait_for(outcome(), wait)
+        except asyncio.TimeoutError:
+            raise DeadlinePassed from None
         except rpc.AioRpcError as exc:
-            raise self.translate(exc, deadline) from None
+            raise self.translate(exc, None) from None
         finally:
             stop.set()
             call.cancel()
-        raise self.unavailable(RuntimeError("watch stream closed"))
 
 
 class DeadlinePassed(Exception):

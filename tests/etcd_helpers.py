@@ -1,6 +1,6 @@
-"""Fixtures and child processes for the etcd tests (real etcd processes on loopback).
+"""Helpers and child processes for the etcd tests (real etcd processes on loopback).
 
-The fixtures start their own etcd (tests/support/etcd.py), so ``pytest tests``
+The tests start their own etcd (tests/support/etcd.py), so ``pytest tests``
 needs nothing running.  Without the etcd binary or the `etcd` extra the etcd
 tests skip with the reason, unless PYLOCK_REQUIRE_ETCD=1 (set by .ci/run),
 which turns that skip into a failure: CI never skips them.
@@ -14,12 +14,11 @@ import select
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support.etcd import EtcdCluster, etcd_available
+from tests.support.etcd import etcd_available
 from tests.support.procs import Script
 
 
@@ -42,19 +41,6 @@ def require_etcd() -> None:
     if os.environ.get("PYLOCK_REQUIRE_ETCD") == "1":
         pytest.fail(f"PYLOCK_REQUIRE_ETCD=1 but {reason}")
     pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdCluster]:
-    """One etcd node for the module; tests use distinct lock names."""
-    require_etcd()
-    with EtcdCluster(1) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def lock_name(request: pytest.FixtureRequest) -> str:
-    return f"{request.node.name}-{os.getpid()}"
 
 
 # A child holding an etcd lock, driven by lines on stdin: "acquire", "release",

@@ -15,23 +15,28 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
 import pylock
 from pylock import LockHeld, LockTimeout, NotHeld, ReentrantAcquire, SupportsLock
-from tests.etcd_helpers import (
-    contenders,
-    etcd,  # noqa: F401  (fixture)
-    expect_line,
-    holder_process,
-    lock_name,  # noqa: F401  (fixture)
-    require_etcd,
-)
+from tests.etcd_helpers import contenders, expect_line, holder_process, require_etcd
 from tests.support import env_with_repo
 from tests.support.etcd import EtcdCluster
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[EtcdCluster]:
+    """One etcd node for the module; tests use distinct lock names."""
+    require_etcd()
+    with EtcdCluster(1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def lock_name(request: pytest.FixtureRequest) -> str:
+    return f"{request.node.name}-{os.getpid()}"
 
 
 def make_lock(cluster: EtcdCluster, name: str, **kw: object) -> pylock.etcd.EtcdLock:
@@ -69,12 +74,12 @@ def test_mutual_exclusion_and_fencing_across_processes(etcd, lock_name, tmp_path
     log.write_text("")
     counter.write_text("0")
     workers, rounds = 4, 10
+    files = (str(log), str(counter))
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, etcd.endpoint_list, lock_name, str(log),
-             str(counter), str(rounds)],
+            [sys.executable, "-c", WORKER, etcd.endpoint_list, lock_name, *files, str(rounds)],
             env=env_with_repo(),
-        )  # fmt: skip
+        )
         for _ in range(workers)
     ]
     assert [p.wait(120) for p in procs] == [0] * workers
@@ -275,11 +280,14 @@ def test_acquire_async_wakes_and_cancel_leaves_nothing(etcd, lock_name):
 
 
 def test_import_pylock_does_not_load_the_etcd_client():
-    code = "import sys, pylock; pylock.holder_exit; print(sorted(m for m in sys.modules if m.split('.')[0] in ('aetcd', 'grpc', 'pylock.etcd')))"
+    code = (
+        "import sys, pylock; pylock.holder_exit; pylock.SupportsLock; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aetcd', 'grpc') "
+        "or m == 'pylock.etcd'))"
+    )
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env_with_repo(), capture_output=True, text=True,
-        check=True,
-    ).stdout  # fmt: skip
+        [sys.executable, "-c", code], env=env_with_repo(), capture_output=True, text=True
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -320,7 +328,7 @@ def test_unreachable_etcd_is_a_clear_error_within_the_timeout(lock_name):
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)  # accepts TCP, never answers: a hung or partitioned etcd
         for sock in (free, silent):
-            endpoint = "127.0.0.1:%d" % sock.getsockname()[1]
+            endpoint = f"127.0.0.1:{sock.getsockname()[1]}"
             lock = EtcdLock(lock_name, endpoints=endpoint, ttl=2)
             for timeout in (1.0, None):
                 started = time.monotonic()

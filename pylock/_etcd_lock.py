@@ -35,6 +35,7 @@ from ._etcd_client import (
 from ._etcd_holder import EtcdHolder, decode_holder, encode_record
 from ._etcd_session import RETRY_DELAY, Session
 from ._record import check_info
+from ._timeout import check_timeout, deadline_of
 
 log = logging.getLogger("pylock")
 
@@ -130,7 +131,8 @@ class EtcdLock:
             )
         if timeout is not None and not blocking:
             raise ValueError("a timeout makes no sense with blocking=False")
-        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        timeout = check_timeout(timeout)
+        deadline = deadline_of(timeout)
         guard = self._guard
         if not guard.acquire(False) and (
             not blocking or not guard.acquire(True, -1 if timeout is None else timeout)
@@ -155,7 +157,8 @@ class EtcdLock:
                 f"{self.path}: this task already holds this EtcdLock; pylock locks are "
                 "not reentrant"
             )
-        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        timeout = check_timeout(timeout)
+        deadline = deadline_of(timeout)
         while not self._guard.acquire(False):
             await self._wait_for_object(deadline, timeout)
         try:
@@ -385,17 +388,13 @@ async def _wait_gone(holder: EtcdHolder, deadline: float | None) -> None:
             return
 
 
-def _deadline(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + max(timeout, 0.0)
-
-
 async def wait_deleted_async(holder: EtcdHolder, timeout: float | None) -> None:
-    await run_async(_wait_gone(holder, _deadline(timeout)))
+    await run_async(_wait_gone(holder, deadline_of(timeout)))
 
 
 def wait_deleted(holder: EtcdHolder, timeout: float | None) -> bool:
     try:
-        run_blocking(_wait_gone(holder, _deadline(timeout)))
+        run_blocking(_wait_gone(holder, deadline_of(timeout)))
     except TimeoutError:
         return False
     return True

@@ -20,8 +20,13 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from typing import Any, Callable, TypeVar
+
+# gRPC's fork handlers would run in every child the host program forks (and
+# log, and stall them); pylock never uses gRPC in a forked child, so unless
+# the host asked for them, they stay off.  Read when gRPC is first imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from aetcd import rpc
 
@@ -293,10 +298,17 @@ class EtcdLoop:
 
 _current: EtcdLoop | None = None
 _create_guard = threading.Lock()
+_forked_from_user = False
 
 
 def etcd_loop() -> EtcdLoop:
     global _current
+    if _forked_from_user:
+        raise EtcdRefused(
+            "pylock.etcd cannot run in a process forked from one that used it (gRPC does "
+            "not survive fork): start workers with exec, or the 'spawn' or 'forkserver' "
+            "start method of multiprocessing"
+        )
     current = _current
     if current is None:
         with _create_guard:
@@ -306,9 +318,19 @@ def etcd_loop() -> EtcdLoop:
     return current
 
 
+def _loop_for(coro: Awaitable[Any]) -> EtcdLoop:
+    try:
+        return etcd_loop()
+    except BaseException:
+        if isinstance(coro, Coroutine):
+            coro.close()  # never started: no "never awaited" warning
+        raise
+
+
 def run_blocking(coro: Awaitable[T]) -> T:
     """Run coro on the etcd loop and wait for it; an interrupt (Ctrl-C) cancels it
     and waits for its clean-up, so nothing is left behind in etcd."""
+    runner = _loop_for(coro)
     finished = threading.Event()
 
     async def guarded() -> T:
@@ -317,7 +339,7 @@ def run_blocking(coro: Awaitable[T]) -> T:
         finally:
             finished.set()
 
-    future = etcd_loop().submit(guarded())
+    future = runner.submit(guarded())
     try:
         return future.result()
     except BaseException:
@@ -334,6 +356,7 @@ async def run_async(coro: Awaitable[T], on_orphan: Callable[[T], object] | None 
     arrived at the same moment is handed to on_orphan (to give back a lock
     nobody awaits any more).
     """
+    runner = _loop_for(coro)
     loop = asyncio.get_running_loop()
     finished: asyncio.Future[None] = loop.create_future()
 
@@ -348,7 +371,7 @@ async def run_async(coro: Awaitable[T], on_orphan: Callable[[T], object] | None 
             with contextlib.suppress(RuntimeError):  # the caller's loop has closed
                 loop.call_soon_threadsafe(set_finished)
 
-    future = etcd_loop().submit(guarded())
+    future = runner.submit(guarded())
     try:
         return await asyncio.wrap_future(future)
     except asyncio.CancelledError:
@@ -363,9 +386,10 @@ async def run_async(coro: Awaitable[T], on_orphan: Callable[[T], object] | None 
 
 
 def _forget_after_fork() -> None:
-    # The loop thread and gRPC's channels do not exist in a forked child:
-    # start afresh on first use there.
-    global _current, _create_guard
+    # The loop thread and gRPC's channels do not exist in a forked child,
+    # and gRPC cannot start again there once it ran in the parent.
+    global _current, _create_guard, _forked_from_user
+    _forked_from_user = _forked_from_user or _current is not None
     _current = None
     _create_guard = threading.Lock()
 

@@ -363,3 +363,44 @@ def test_etcd_dying_under_a_waiter_is_an_error_not_a_hang(lock_name):
         assert not thread.is_alive(), "the waiter hung"
         assert len(failed) == 1 and isinstance(failed[0], EtcdUnavailable)
         assert not waiter.locked
+
+
+FORKER = textwrap.dedent(
+    """
+    import os, sys
+    from pylock.etcd import EtcdLock, EtcdRefused
+    lock = EtcdLock(sys.argv[2], endpoints=sys.argv[1], ttl=2)
+    lock.acquire()
+    token = lock.fencing_token
+    pid = os.fork()
+    if pid == 0:
+        # The child holds nothing and cannot use etcd; it must say so, not crash.
+        code = 3 if lock.locked else 0
+        try:
+            EtcdLock(sys.argv[2], endpoints=sys.argv[1]).holder()
+            code = 4
+        except EtcdRefused as exc:
+            print("refused:", exc, flush=True)
+        lock.close()  # a no-op there: never the parent's lease
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print("child", os.waitstatus_to_exitcode(status), flush=True)
+    print("still", lock.holder().fencing_token == token and not lock.lost, flush=True)
+    lock.release()
+    """
+)
+
+
+def test_forked_child_of_an_etcd_user_is_clean_and_says_why_it_cannot_lock(etcd, lock_name):
+    done = subprocess.run(
+        [sys.executable, "-c", FORKER, etcd.endpoint_list, lock_name],
+        env=env_with_repo(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("refused:") and "fork" in lines[0]
+    assert lines[1:] == ["child 0", "still True"]
+    assert "grpc" not in done.stderr.lower() and "fork" not in done.stderr, done.stderr

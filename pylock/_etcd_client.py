@@ -318,6 +318,30 @@ def etcd_loop() -> EtcdLoop:
     return current
 
 
+def shutdown() -> None:
+    """Close every channel and end the etcd thread (it starts again on next use).
+
+    Only for when no etcd lock is held or awaited: their keep-alives end too.
+    """
+    global _current
+    with _create_guard:
+        current, _current = _current, None
+    if current is None:
+        return
+
+    async def close_channels() -> None:
+        for cluster in current.clusters.values():
+            await cluster.channel.close()
+
+    try:
+        current.submit(close_channels()).result(REQUEST_TIMEOUT)
+    finally:
+        current.loop.call_soon_threadsafe(current.loop.stop)
+        current.thread.join(REQUEST_TIMEOUT)
+        if not current.thread.is_alive():
+            current.loop.close()
+
+
 def _loop_for(coro: Awaitable[Any]) -> EtcdLoop:
     try:
         return etcd_loop()

@@ -28,7 +28,7 @@ def _missing() -> str | None:
     if not etcd_available():
         return "no etcd binary (apt-get install etcd-server)"
     try:
-        import aetcd  # noqa: F401
+        import pylock.etcd  # noqa: F401  (before gRPC: it sets gRPC's fork handling)
     except ImportError:
         return "the etcd extra is not installed (pip install -e '.[etcd]')"
     return None

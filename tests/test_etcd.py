@@ -26,6 +26,17 @@ from tests.support import env_with_repo
 from tests.support.etcd import EtcdCluster
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _end_etcd_thread() -> Iterator[None]:
+    """The rest of the suite checks that pylock leaves no threads of its own:
+    end the etcd thread this module's in-process locks started."""
+    yield
+    if "pylock._etcd_client" in sys.modules:
+        from pylock._etcd_client import shutdown
+
+        shutdown()
+
+
 @pytest.fixture(scope="module")
 def etcd() -> Iterator[EtcdCluster]:
     """One etcd node for the module; tests use distinct lock names."""

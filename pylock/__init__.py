@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from ._dirs import UnsafeDirectory, runtime_dir
     from ._exit import ExitWatcher, ProcessExit, holder_exit, wait_exit
     from ._holder import Holder, holders
-    from ._protocol import SupportsLock
     from ._ports import PortInUse, PortSocket, bind_port, port_lock
+    from ._protocol import SupportsLock
     from ._singleton import TakeoverRefused, singleton, singleton_async
     from ._unixsock import SocketInUse, claim_unix_socket
 

@@ -46,6 +46,7 @@ class SupportsLock(Protocol):
 
 if TYPE_CHECKING:
     from ._etcd_lock import EtcdLock
+    from ._holder import Holder
     from ._lock import Lock
 
     def _both_are_locks(lock: Lock, etcd_lock: EtcdLock) -> list[SupportsLock]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import zipfile
 
 from _common import BENCH, REPO, WORKER, BenchError, worker_env
 
@@ -58,19 +60,56 @@ def python_ok(code: str) -> str | None:
     return (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
 
 
-def ensure_pylock() -> str | None:
-    """Build pylock's C core in place when the checkout has none yet."""
-    if python_ok("import pylock._native") is not None:
-        print("building pylock's C core in place (csrc/_ffi_build.py)", flush=True)
-        res = subprocess.run(
-            [sys.executable, os.path.join("csrc", "_ffi_build.py")],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        )
-        if res.returncode != 0:
-            return f"building the C core failed: {res.stderr.strip()[-500:]}"
+def ensure_pylock(tmp: str) -> str | None:
+    """Build pylock's C core in place when the checkout has none yet.
+
+    First the quick way (csrc/_ffi_build.py with this interpreter's
+    setuptools); when that setuptools is too old for pyproject.toml, a wheel
+    built in pip's isolated build environment (the setuptools the project
+    asks for), whose compiled core is copied into the checkout.  Nothing is
+    installed into this interpreter either way.
+    """
+    if python_ok("import pylock._native") is None:
+        return python_ok("import pylock; pylock.Lock")
+    print("building pylock's C core in place (csrc/_ffi_build.py)", flush=True)
+    res = subprocess.run(
+        [sys.executable, os.path.join("csrc", "_ffi_build.py")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode != 0:
+        print("  that failed; building a wheel in pip's isolated environment", flush=True)
+        error = _core_from_wheel(tmp)
+        if error:
+            return f"building the C core failed: {res.stderr.strip()[-300:]}; then {error}"
     return python_ok("import pylock; pylock.Lock")
+
+
+def _core_from_wheel(tmp: str) -> str | None:
+    out = os.path.join(tmp, "wheel")
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", out, REPO],
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode != 0:
+        return f"pip wheel failed: {res.stderr.strip()[-300:]}"
+    wheels = [w for w in os.listdir(out) if w.endswith(".whl")]
+    if not wheels:
+        return "pip wheel made no wheel"
+    with zipfile.ZipFile(os.path.join(out, wheels[0])) as whl:
+        cores = [
+            n
+            for n in whl.namelist()
+            if n.startswith("pylock/_native") and n.endswith((".so", ".pyd"))
+        ]
+        if not cores:
+            return f"{wheels[0]} holds no pylock/_native extension"
+        for name in cores:
+            with whl.open(name) as src, open(os.path.join(REPO, name), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    return None
 
 
 def pylock_record(tmp: str, usable: bool) -> bytes:

@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     try:
         floor, floor_linking = build_floor(tmp)
-        pylock_error = ensure_pylock()
+        pylock_error = ensure_pylock(tmp)
         if pylock_error:
             print(f"pylock is not usable, its rows will say so: {pylock_error}", file=sys.stderr)
         record = pylock_record(tmp, pylock_error is None)

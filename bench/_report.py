@@ -78,6 +78,12 @@ def render(
     summary.table(["target", "measured", "met"], targets)
     d.add("## Targets", "")
     d.table(["target", "measured", "met"], targets)
+    if any(t[2] == "**no**" for t in targets):
+        d.add(
+            "Where the time of a missed target goes, from profiles: bench/README.md, "
+            '"Where the time goes".',
+            "",
+        )
 
     if "uncontended" in results:
         _uncontended(d, results["uncontended"], sizes, record_len)

@@ -53,7 +53,12 @@ def _ratio(what: str, num: Row | None, den: Row | None, limit: float, at_least: 
     a, b = statistics.median(num.samples), statistics.median(den.samples)
     r = a / b
     ok = r >= limit if at_least else r <= limit
-    return [what, f"{r:.2f}x ({fmt_ns(a)} / {fmt_ns(b)})", _verdict(ok)]
+    shown = f"{r:.2f}x ({fmt_ns(a)} / {fmt_ns(b)})"
+    if not ok and at_least:  # a is the peer's time: pylock's (b) would have to be a / limit
+        shown += f"; pylock {fmt_ns(b - a / limit)} too slow ({limit / r - 1:.0%})"
+    elif not ok:
+        shown += f"; {fmt_ns(a - b * limit)} too slow ({r / limit - 1:.0%})"
+    return [what, shown, _verdict(ok)]
 
 
 def _startup_added(res: Results) -> Target:
@@ -65,6 +70,8 @@ def _startup_added(res: Results) -> Target:
     a, b = statistics.median(imp.samples), statistics.median(bare.samples)
     added = a - b
     shown = f"adds {fmt_ns(added)} = {added / b:.2f}x ({fmt_ns(a)} - {fmt_ns(b)})"
+    if added > b:
+        shown += f"; {fmt_ns(added - b)} too slow"
     return [what, shown, _verdict(added <= b)]
 
 
@@ -74,6 +81,8 @@ def _rate_ratio(what: str, num: Row | None, den: Row | None, limit: float) -> Ta
     a, b = num.samples[0], den.samples[0]
     broken = num.extra.get("violations", 0) or num.extra.get("lost", 0)
     shown = f"{a / b:.2f}x ({a:,.0f}/s / {b:,.0f}/s)" + (" **exclusion broken**" if broken else "")
+    if a / b < limit:
+        shown += f"; {b * limit - a:,.0f}/s short"
     return [what, shown, _verdict(a / b >= limit and not broken)]
 
 

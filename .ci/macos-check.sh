@@ -59,7 +59,7 @@ done
 # the same files csrc/_ffi_build.py compiles there (every symbol resolves in
 # libSystem, none is defined twice); they run on a Mac in
 # .github/workflows/test.yml.
-MACOS_CORE=(csrc/claim.c csrc/lock_posix.c csrc/proc_macos.c csrc/proc_posix.c csrc/sigchld_posix.c)
+MACOS_CORE=(csrc/claim.c csrc/lock_posix.c csrc/wait_posix.c csrc/proc_macos.c csrc/proc_posix.c csrc/sigchld_posix.c)
 for target in $TARGETS; do
     case "$target" in *-macos) ;; *) continue ;; esac
     for test in csrc/tests/test_proc_macos.c csrc/tests/test_lock_posix.c; do

@@ -1,7 +1,6 @@
 /*
- * pylock's C core on Linux and macOS: lock files with flock(2), and the
- * interruptible waits that make blocking, timed and cancellable
- * acquisition happen in the kernel.
+ * pylock's C core on Linux and macOS: lock files with flock(2).  The
+ * interruptible waits live in wait_posix.c.
  */
 #if !defined(_WIN32)
 
@@ -11,23 +10,86 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #if defined(__linux__)
 #include <sys/sysmacros.h>
-#include <sys/syscall.h>
 #include <sys/vfs.h>
 #elif defined(__APPLE__)
 #include <sys/mount.h>
 #include <sys/param.h>
 #endif
+
+/* ---- the descriptors a forked child must not keep -------------------
+ *
+ * Every lock file pylock opens is recorded here, and the registry's mutex
+ * is held across open+record and forget+close.  pthread_atfork takes the
+ * same mutex before fork(), so a fork from any thread sees each descriptor
+ * either open and recorded or closed and forgotten: the child closes
+ * exactly pylock's descriptors (it must not keep a parent's lock alive, nor
+ * unlock it: the open file description is shared), never a number the
+ * parent has meanwhile reused for something of its own.
+ */
+
+static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t open_atfork_once = PTHREAD_ONCE_INIT;
+static int *open_fds;
+static size_t open_len, open_cap;
+
+static void open_prepare(void)
+{
+    pthread_mutex_lock(&open_mu);
+}
+
+static void open_parent(void)
+{
+    pthread_mutex_unlock(&open_mu);
+}
+
+static void open_child(void)
+{
+    /* Only close(): the child of a threaded parent may call nothing that
+     * is not async-signal-safe here.  The array is kept for reuse. */
+    for (size_t i = 0; i < open_len; i++)
+        close(open_fds[i]);
+    open_len = 0;
+    pthread_mutex_unlock(&open_mu);
+}
+
+static void open_atfork(void)
+{
+    pthread_atfork(open_prepare, open_parent, open_child);
+}
+
+/* Called with open_mu held.  ENOMEM leaves nothing recorded. */
+static int remember_fd(int fd)
+{
+    if (open_len == open_cap) {
+        size_t cap = open_cap ? open_cap * 2 : 16;
+        int *grown = realloc(open_fds, cap * sizeof *grown);
+        if (grown == NULL)
+            return ENOMEM;
+        open_fds = grown;
+        open_cap = cap;
+    }
+    open_fds[open_len++] = fd;
+    return 0;
+}
+
+/* Called with open_mu held. */
+static void forget_fd(int fd)
+{
+    for (size_t i = 0; i < open_len; i++) {
+        if (open_fds[i] == fd) {
+            open_fds[i] = open_fds[--open_len];
+            return;
+        }
+    }
+}
 
 /* ---- lock files --------------------------------------------------- */
 
@@ -42,7 +104,23 @@ static int classify(const struct stat *st)
     return PL_E_NOTREG;
 }
 
+static int open_unrecorded(const char *path, int flags, int create_mode, pl_handle *out,
+                           int *created);
+
 int pl_open(const char *path, int flags, int create_mode, pl_handle *out, int *created)
+{
+    int rc;
+    pthread_once(&open_atfork_once, open_atfork);
+    pthread_mutex_lock(&open_mu);
+    rc = open_unrecorded(path, flags, create_mode, out, created);
+    if (rc == 0 && (rc = remember_fd((int)*out)) != 0)
+        close((int)*out);
+    pthread_mutex_unlock(&open_mu);
+    return rc;
+}
+
+static int open_unrecorded(const char *path, int flags, int create_mode, pl_handle *out,
+                           int *created)
 {
     struct stat st;
     int access = (flags & PL_OPEN_READONLY) ? O_RDONLY : O_RDWR;
@@ -100,9 +178,14 @@ int pl_open(const char *path, int flags, int create_mode, pl_handle *out, int *c
 
 int pl_close(pl_handle h)
 {
+    int rc;
+    pthread_mutex_lock(&open_mu);
+    forget_fd((int)h);
     /* Linux and macOS both release the descriptor even when close fails
      * with EINTR; retrying could close someone else's new descriptor. */
-    return close((int)h) == 0 || errno == EINTR ? 0 : errno;
+    rc = close((int)h) == 0 || errno == EINTR ? 0 : errno;
+    pthread_mutex_unlock(&open_mu);
+    return rc;
 }
 
 #if defined(__linux__) && defined(STATX_INO)
@@ -241,263 +324,6 @@ int pl_read_record(pl_handle h, char *buf, size_t cap, size_t *len)
     }
     *len = done;
     return 0;
-}
-
-/* ---- interruptible waits ------------------------------------------ */
-
-struct pl_waiter {
-    pthread_mutex_t mu;  /* orders cancel's signals against the wait's end */
-    atomic_int cancelled;
-    int active;          /* the owning thread is between begin and end */
-    pthread_t thread;
-    struct timespec deadline; /* CLOCK_MONOTONIC */
-    int has_deadline;
-#if defined(__linux__)
-    timer_t timer;
-    int has_timer;
-#elif defined(__APPLE__)
-    pthread_cond_t cond; /* wakes the deadline thread when the wait ends */
-    pthread_t timer_thread;
-    int has_timer;
-#endif
-};
-
-static int wake_signal;
-static pthread_once_t wake_once = PTHREAD_ONCE_INIT;
-
-static void on_wake_signal(int sig)
-{
-    (void)sig; /* its only job is to make the blocking syscall return EINTR */
-}
-
-/* pylock's wake signal: on Linux the highest real-time signal nobody has
- * claimed, on macOS (no real-time signals) SIGUSR2 unless it is taken. */
-static void install_wake_signal(void)
-{
-    struct sigaction sa, old;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_wake_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0; /* no SA_RESTART: the wait must see EINTR */
-#if defined(SIGRTMAX)
-    for (int sig = SIGRTMAX; sig >= SIGRTMIN; sig--) {
-#else
-    for (int sig = SIGUSR2; sig == SIGUSR2; sig = 0) {
-#endif
-        if (sigaction(sig, NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
-            !(old.sa_flags & SA_SIGINFO) && sigaction(sig, &sa, NULL) == 0) {
-            wake_signal = sig;
-            return;
-        }
-    }
-}
-
-static void now_monotonic(struct timespec *ts)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-}
-
-static int deadline_passed(const pl_waiter *w)
-{
-    struct timespec now;
-    if (!w->has_deadline)
-        return 0;
-    now_monotonic(&now);
-    return now.tv_sec > w->deadline.tv_sec ||
-           (now.tv_sec == w->deadline.tv_sec && now.tv_nsec >= w->deadline.tv_nsec);
-}
-
-pl_waiter *pl_waiter_new(void)
-{
-    pl_waiter *w = calloc(1, sizeof *w);
-    if (w == NULL)
-        return NULL;
-    pthread_mutex_init(&w->mu, NULL);
-#if defined(__APPLE__)
-    pthread_cond_init(&w->cond, NULL);
-#endif
-    atomic_init(&w->cancelled, 0);
-    return w;
-}
-
-void pl_waiter_free(pl_waiter *w)
-{
-    if (w == NULL)
-        return;
-    pthread_mutex_destroy(&w->mu);
-#if defined(__APPLE__)
-    pthread_cond_destroy(&w->cond);
-#endif
-    free(w);
-}
-
-int pl__wait_cancelled(pl_waiter *w)
-{
-    return atomic_load(&w->cancelled);
-}
-
-/* Sends the wake signal to the waiting thread until it has left its wait.
- * Repeating closes the window where the signal lands just before the
- * thread enters the syscall; it only runs at a timeout or a cancel. */
-static void interrupt_waiter(pl_waiter *w)
-{
-    const struct timespec pause = {0, 50 * 1000};
-    pthread_mutex_lock(&w->mu);
-    while (w->active) {
-        pthread_kill(w->thread, wake_signal);
-        pthread_mutex_unlock(&w->mu);
-        nanosleep(&pause, NULL);
-        pthread_mutex_lock(&w->mu);
-    }
-    pthread_mutex_unlock(&w->mu);
-}
-
-void pl_waiter_cancel(pl_waiter *w)
-{
-    pthread_once(&wake_once, install_wake_signal);
-    atomic_store(&w->cancelled, 1);
-    if (wake_signal != 0)
-        interrupt_waiter(w);
-}
-
-#if defined(__APPLE__)
-/* macOS has no per-thread timers: a short-lived thread sleeps until the
- * deadline (or the end of the wait) and then interrupts the waiter. */
-static void *deadline_thread(void *arg)
-{
-    pl_waiter *w = arg;
-    struct timespec now, rel;
-    pthread_mutex_lock(&w->mu);
-    while (w->active && !deadline_passed(w)) {
-        now_monotonic(&now);
-        rel.tv_sec = w->deadline.tv_sec - now.tv_sec;
-        rel.tv_nsec = w->deadline.tv_nsec - now.tv_nsec;
-        if (rel.tv_nsec < 0) {
-            rel.tv_sec -= 1;
-            rel.tv_nsec += 1000000000L;
-        }
-        pthread_cond_timedwait_relative_np(&w->cond, &w->mu, &rel);
-    }
-    pthread_mutex_unlock(&w->mu);
-    interrupt_waiter(w);
-    return NULL;
-}
-#endif
-
-int pl__wait_begin(pl_waiter *w, int64_t timeout_ns)
-{
-    pthread_once(&wake_once, install_wake_signal);
-    if (wake_signal == 0 && (timeout_ns >= 0))
-        return ENOTSUP; /* every candidate signal is taken by the application */
-    pthread_mutex_lock(&w->mu);
-    w->thread = pthread_self();
-    w->active = 1;
-    w->has_deadline = timeout_ns >= 0;
-    w->has_timer = 0;
-    pthread_mutex_unlock(&w->mu);
-    if (atomic_load(&w->cancelled)) {
-        pl__wait_end(w, -1, EINTR);
-        return ECANCELED;
-    }
-    if (!w->has_deadline)
-        return 0;
-    now_monotonic(&w->deadline);
-    w->deadline.tv_sec += (time_t)(timeout_ns / 1000000000LL);
-    w->deadline.tv_nsec += (long)(timeout_ns % 1000000000LL);
-    if (w->deadline.tv_nsec >= 1000000000L) {
-        w->deadline.tv_sec += 1;
-        w->deadline.tv_nsec -= 1000000000L;
-    }
-#if defined(__linux__)
-    {
-        struct sigevent sev;
-        struct itimerspec its;
-        memset(&sev, 0, sizeof sev);
-        sev.sigev_notify = SIGEV_THREAD_ID;
-        sev.sigev_signo = wake_signal;
-#ifdef sigev_notify_thread_id
-        sev.sigev_notify_thread_id = (pid_t)syscall(SYS_gettid);
-#else
-        sev._sigev_un._tid = (pid_t)syscall(SYS_gettid);
-#endif
-        if (timer_create(CLOCK_MONOTONIC, &sev, &w->timer) != 0) {
-            int err = errno;
-            pl__wait_end(w, -1, EINTR);
-            return err;
-        }
-        memset(&its, 0, sizeof its);
-        /* Relative: the kernel counts the interval on its own clock, so a
-         * process whose CLOCK_MONOTONIC is interposed (faketime) or offset
-         * still times out on time. */
-        its.it_value.tv_sec = (time_t)(timeout_ns / 1000000000LL);
-        its.it_value.tv_nsec = (long)(timeout_ns % 1000000000LL);
-        if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0)
-            its.it_value.tv_nsec = 1; /* zero would disarm the timer */
-        /* After the deadline, fire again every millisecond: a first
-         * signal that lands just before the syscall must not be lost. */
-        its.it_interval.tv_nsec = 1000 * 1000;
-        if (timer_settime(w->timer, 0, &its, NULL) != 0) {
-            int err = errno;
-            timer_delete(w->timer);
-            pl__wait_end(w, -1, EINTR);
-            return err;
-        }
-        w->has_timer = 1;
-    }
-#elif defined(__APPLE__)
-    {
-        int err = pthread_create(&w->timer_thread, NULL, deadline_thread, w);
-        if (err != 0) {
-            pl__wait_end(w, -1, EINTR);
-            return err;
-        }
-        w->has_timer = 1;
-    }
-#endif
-    return 0;
-}
-
-int pl__wait_end(pl_waiter *w, int rc, int saved_errno)
-{
-    int timed_out = deadline_passed(w);
-    pthread_mutex_lock(&w->mu);
-    w->active = 0;
-#if defined(__APPLE__)
-    pthread_cond_signal(&w->cond);
-#endif
-    pthread_mutex_unlock(&w->mu);
-    if (w->has_timer) {
-#if defined(__linux__)
-        timer_delete(w->timer);
-#elif defined(__APPLE__)
-        pthread_join(w->timer_thread, NULL);
-#endif
-        w->has_timer = 0;
-    }
-    if (rc == 0)
-        return 0;
-    if (saved_errno != EINTR)
-        return saved_errno;
-    if (atomic_load(&w->cancelled))
-        return ECANCELED;
-    return timed_out ? ETIMEDOUT : EINTR;
-}
-
-int pl_lock_wait(pl_handle h, int shared, int64_t timeout_ns, pl_waiter *w)
-{
-    int rc, err;
-    if ((rc = pl__wait_begin(w, timeout_ns)) != 0)
-        return rc;
-    rc = flock((int)h, flock_op(shared));
-    err = rc == 0 ? 0 : errno;
-    rc = pl__wait_end(w, rc, err);
-    /* A cancel that raced with the grant wins: the caller has given up and
-     * must never end up holding the lock. */
-    if (rc == 0 && atomic_load(&w->cancelled)) {
-        pl_unlock(h);
-        return ECANCELED;
-    }
-    return rc;
 }
 
 #endif /* !_WIN32 */

@@ -65,9 +65,19 @@ void pl_waiter_free(pl_waiter *w);
  * left).  Only 0 leaves the lock held.  ENOTSUP where the platform cannot
  * wait for a lock in the kernel at all (Wine's LockFileEx). */
 int pl_lock_wait(pl_handle h, int shared, int64_t timeout_ns, pl_waiter *w);
-/* From any thread, any time: the wait on w returns ECANCELED as soon as it
- * can, without taking the lock.  A wait that already returned 0 holds it. */
-void pl_waiter_cancel(pl_waiter *w);
+/* From any thread, any time, without blocking: the wait on w returns
+ * ECANCELED as soon as it can, without taking the lock (a wait that already
+ * returned 0 holds it).  Returns 0, or ENOTSUP when the wait cannot be
+ * interrupted because the program has taken pylock's wake signal: it then
+ * ends only with the grant (given back, ECANCELED) or another error. */
+int pl_waiter_cancel(pl_waiter *w);
+/* The signal pylock's timed and cancellable waits use, checked (and
+ * claimed again if the program took it) now: its number, 0 when the
+ * program has taken every candidate, -1 where waits need none (Windows). */
+int pl_wake_signal(void);
+/* The last wake signal the program took from pylock (a handler of its own
+ * or SIG_IGN installed over pylock's), 0 if none. */
+int pl_wake_signal_lost(void);
 
 /* The holder record lives at offset 0 of the lock file, outside the locked
  * range, so it stays readable while the lock is held (Windows locks are

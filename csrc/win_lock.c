@@ -621,9 +621,20 @@ void pl_waiter_free(pl_waiter *w)
     free(w);
 }
 
-void pl_waiter_cancel(pl_waiter *w)
+int pl_wake_signal(void)
+{
+    return -1; /* waits end on events, not signals */
+}
+
+int pl_wake_signal_lost(void)
+{
+    return 0;
+}
+
+int pl_waiter_cancel(pl_waiter *w)
 {
     SetEvent(w->cancel);
+    return 0;
 }
 
 HANDLE pl_win_cancel_event(pl_waiter *w)

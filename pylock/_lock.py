@@ -5,7 +5,8 @@ from __future__ import annotations
 import errno
 import os
 import time
-from _thread import allocate_lock, get_ident
+from _thread import TIMEOUT_MAX as _TIMEOUT_MAX
+from _thread import _local, allocate_lock
 from _weakrefset import WeakSet  # what weakref.WeakSet is, without weakref's import cost
 
 from . import _fs
@@ -20,6 +21,8 @@ from ._errors import (
 )
 from ._native import ffi, lib
 from ._syscall import check, fail, open_lock_file
+from ._timeout import deadline_of
+from ._wait import passed, wait_blocking
 
 # `import pylock` must cost little more than the interpreter's own start
 # (services import it at start, operators run `pylock run` in shell loops):
@@ -29,44 +32,33 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
     from types import TracebackType
-    from typing import Any, Union
+    from typing import Any
 
     from ._holder import Holder
     from .metrics import LockStats
 
-    _Owner = Union[int, tuple[str, int]]
-
-# Every Lock with an open descriptor: a forked child drops them, and a wait
-# that could only deadlock (this owner holds the file through another Lock)
-# is refused by looking here.
+# Every Lock with an open descriptor: a forked child forgets them (the C
+# core has closed their descriptors), and a wait that could only deadlock
+# (this owner holds the file through another Lock) is refused by looking here.
 _open_locks: WeakSet[Lock] = WeakSet()
 
 
 _acquire = lib.pl_acquire
 _unlock = lib.pl_unlock
-_get_ident = get_ident
 
 
-def _task_owner() -> _Owner:
-    import asyncio  # loaded lazily: programs that only lock never pay for it
+class _ThreadOwner(_local):
+    """A token per thread.  Thread ids are reused as soon as a thread ends;
+    a token lives as long as a Lock holds it, so it cannot be."""
 
-    task = asyncio.current_task()
-    return ("task", id(task)) if task is not None else _get_ident()
+    def __init__(self) -> None:
+        self.token = object()
 
+
+_this_thread = _ThreadOwner()
 
 # pylock.metrics while enabled (None: off, and each hook costs one check).
 _observer: Any = None
-
-
-# Waits longer than this (about 146 years) are waits without a timeout.
-_FOREVER_NS = 2**62
-
-
-def _ns_until(deadline: float | None) -> int:
-    if deadline is None:
-        return -1
-    left = (deadline - time.monotonic()) * 1e9
-    return -1 if left >= _FOREVER_NS else max(0, int(left))
 
 
 class Lock:
@@ -118,9 +110,13 @@ class Lock:
             self._lf.path = self._path_c
         self._head: Any = None  # keeps the C copy of the record's head alive
         self._record_warned = False
-        self._guard = allocate_lock()  # one owner per Lock object
-        self._owner: _Owner | None = None
+        self._guard = allocate_lock()  # one owner (or one pending wait) per Lock object
+        # The owning thread's token or task: compared by identity, and kept
+        # alive while held so that its identity cannot be reused.
+        self._owner: object | None = None
+        # Coroutines waiting for this object (not the file) to be free.
         self._object_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._object_waiters_mu = allocate_lock()
 
     def __repr__(self) -> str:
         state = "locked" if self.locked else "unlocked"
@@ -184,10 +180,13 @@ class Lock:
             raise UnsafeFilesystem(self.path, name)
 
     def _close_handle(self) -> None:
-        if self._handle >= 0:
-            lib.pl_close(self._handle)
-            self._handle = -1
+        # Forgotten before closed: a fork in between must not see a number
+        # the C core has closed (the C core's own registry makes the fork
+        # itself safe).
+        handle, self._handle = self._handle, -1
+        if handle >= 0:
             _open_locks.discard(self)
+            lib.pl_close(handle)
 
     def close(self) -> None:
         """Release the lock if this object holds it, and close the lock file."""
@@ -201,30 +200,39 @@ class Lock:
             lib.pl_close(self._handle)
 
     # -- taking the lock -----------------------------------------------------
+    #
+    # Exceptions from signal handlers (KeyboardInterrupt, SystemExit from a
+    # SIGTERM handler) are raised only after a call returns or at a jump
+    # back, never between two C calls.  So every path that may have taken
+    # the kernel lock gives it back in an except clause whose first act is a
+    # C call, and the guard is released in a finally around it: an acquire
+    # returns holding the lock or raises holding nothing.
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take the lock, waiting in the kernel for the holder's release or death.
 
-        Raises LockHeld when blocking is False and someone holds it,
-        LockTimeout when timeout seconds pass, ReentrantAcquire when this
-        thread already holds it.  Returns True.
+        timeout follows threading.Lock: None or -1 (or inf) waits forever,
+        other negative numbers and NaN are errors.  Raises LockHeld when
+        blocking is False and someone holds it, LockTimeout when timeout
+        seconds pass, ReentrantAcquire when this thread already holds it.
+        Returns True.
         """
-        owner = _get_ident()
-        if self._owner == owner:
+        owner = _this_thread.token
+        if self._owner is owner:
             raise ReentrantAcquire(
                 f"{self.path}: this thread already holds this Lock; pylock locks are "
                 "not reentrant (release it first, or use one Lock per thread)"
             )
-        if timeout is None:
+        if timeout is None or timeout == -1:
             deadline = None
         elif not blocking:
             raise ValueError("a timeout makes no sense with blocking=False")
         else:
-            deadline = time.monotonic() + max(timeout, 0.0)
+            deadline = deadline_of(timeout)
         guard = self._guard
         # Another thread of this process may hold this very object.
         if not guard.acquire(False) and (
-            not blocking or not guard.acquire(True, -1 if timeout is None else timeout)
+            not blocking or not guard.acquire(True, _seconds_until(deadline))
         ):
             self._raise_held(blocking, timeout)
         try:
@@ -234,67 +242,77 @@ class Lock:
             rc = _acquire(self._lf)
             if rc:
                 self._acquire_slow(rc, blocking, deadline, timeout, owner)
+            self._owner = owner
         except BaseException:
-            guard.release()
+            try:
+                self._give_back()
+            finally:
+                guard.release()
             raise
-        self._owner = owner
         if _observer is not None:
             _observer.acquired(self)
         return True
 
+    def _give_back(self) -> None:
+        """Drop whatever an interrupted acquisition may hold in the kernel.
+        Safe when nothing is held: the guard keeps everyone else in this
+        process off this descriptor."""
+        if self._handle >= 0:
+            _unlock(self._handle)
+
     def _acquire_slow(
-        self, rc: int, blocking: bool, deadline: float | None, timeout: float | None, owner: _Owner
+        self, rc: int, blocking: bool, deadline: float | None, timeout: float | None, owner: object
     ) -> None:
         """The lock was held, the file moved, or the record failed (rc < 0)."""
-        handle = self._handle
         if _observer is not None and rc == errno.EWOULDBLOCK:
             _observer.conflicted(self)
         while rc > 0:  # < 0: held, but the record could not be written
             if rc == errno.EWOULDBLOCK:
-                if not blocking or (deadline is not None and deadline <= time.monotonic()):
+                if not blocking or passed(deadline):
                     self._raise_held(blocking, timeout)
                 self._refuse_self_deadlock(owner)
-                self._wait(handle, deadline, timeout)
+                self._wait(deadline, timeout)
                 rc = lib.pl_claim(self._lf)
             else:
-                handle, rc = self._retry_after(rc)
+                rc = self._retry_after(rc)
         if rc:
             self._warn_no_record(-rc)
 
-    def _retry_after(self, rc: int) -> tuple[int, int]:
+    def _retry_after(self, rc: int) -> int:
         """The lock file was unlinked under us (the lock is already released):
         start again on the file now at the path.  Any other code is an error."""
         if rc != lib.PL_E_UNLINKED:
             fail(rc, self.path)
         self._close_handle()
-        handle = self._open()
-        return handle, lib.pl_acquire(self._lf)
+        self._open()
+        return int(lib.pl_acquire(self._lf))
 
-    def _wait(self, handle: int, deadline: float | None, timeout: float | None) -> None:
-        waiter = lib.pl_waiter_new()
-        if waiter == ffi.NULL:
-            raise MemoryError
-        try:
-            while True:
-                rc = lib.pl_lock_wait(handle, self.shared, _ns_until(deadline), waiter)
-                if rc == 0:
-                    return
-                if rc == errno.ETIMEDOUT:
-                    self._raise_held(True, timeout)
-                if rc != errno.EINTR:
-                    fail(rc, self.path)
-                # EINTR: returning to Python ran the signal handlers (which
-                # may raise, e.g. KeyboardInterrupt); wait for the time left.
-        finally:
-            lib.pl_waiter_free(waiter)
+    def _c_wait(self) -> Any:
+        handle, shared = self._handle, self.shared
 
-    def _refuse_self_deadlock(self, owner: _Owner) -> None:
+        def wait(waiter: Any, timeout_ns: int) -> int:
+            return int(lib.pl_lock_wait(handle, shared, timeout_ns, waiter))
+
+        return wait
+
+    def _wait(self, deadline: float | None, timeout: float | None) -> None:
+        rc = wait_blocking(self._c_wait(), deadline)
+        if rc == errno.ETIMEDOUT:
+            self._raise_held(True, timeout)
+        if rc == errno.ENOTSUP and deadline is not None:
+            from ._wait import no_wake_signal
+
+            raise no_wake_signal(f"{self.path}: acquire(timeout={timeout!r})")
+        if rc:
+            fail(rc, self.path)
+
+    def _refuse_self_deadlock(self, owner: object) -> None:
         if any(
-            other is not self and other._key == self._key and other._owner == owner
+            other is not self and other._key == self._key and other._owner is owner
             for other in list(_open_locks)
         ):
             raise ReentrantAcquire(
-                f"{self.path}: this {'task' if isinstance(owner, tuple) else 'thread'} "
+                f"{self.path}: this {'thread' if owner.__class__ is object else 'task'} "
                 "already holds this lock through another Lock object; waiting would "
                 "deadlock (pylock locks are not reentrant)"
             )
@@ -304,7 +322,12 @@ class Lock:
             _observer.gave_up(self)
         from ._holder import find_holder
 
-        holder = find_holder(self.path, known_held=True)
+        # Naming the holder is best-effort: it never replaces the answer
+        # (out of descriptors, an unreadable /proc: the holder is unknown).
+        try:
+            holder = find_holder(self.path, known_held=True)
+        except (OSError, LockError):
+            holder = None
         if blocking:
             raise LockTimeout(self.path, holder, timeout or 0.0)
         raise LockHeld(self.path, holder)
@@ -327,114 +350,146 @@ class Lock:
     async def acquire_async(self, timeout: float | None = None) -> bool:
         """Take the lock from a coroutine without blocking the event loop.
 
-        While the lock is held elsewhere, one thread waits in the kernel and
-        hands over to the loop when the holder releases or dies; cancelling
-        the task (or the timeout) interrupts that wait and leaves nothing
-        behind, never the lock.
+        While the lock is held elsewhere, a pylock thread waits in the kernel
+        and hands over to the loop when the holder releases or dies.
+        Cancelling the task (or the timeout) never blocks the loop and leaves
+        nothing behind, never the lock.
         """
-        owner = _task_owner()
-        if self._owner == owner:
+        import asyncio  # loaded lazily: programs that only lock never pay for it
+
+        owner = _task_owner(asyncio)
+        if self._owner is owner:
             raise ReentrantAcquire(
                 f"{self.path}: this task already holds this Lock; pylock locks are not reentrant"
             )
-        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        deadline = deadline_of(timeout)
         while not self._guard.acquire(False):
-            await self._wait_for_object(deadline, timeout)
+            await self._wait_for_object(asyncio, deadline, timeout)
+        handed_over = [False]  # the guard went to an abandoned wait's thread
         try:
-            handle = self._handle if self._handle >= 0 else self._open()
+            if self._handle < 0:
+                self._open()
             rc = _acquire(self._lf)
             if _observer is not None and rc == errno.EWOULDBLOCK:
                 _observer.conflicted(self)
             while rc > 0:  # < 0: held, but the record could not be written
                 if rc == errno.EWOULDBLOCK:
-                    if deadline is not None and deadline <= time.monotonic():
+                    if passed(deadline):
                         self._raise_held(True, timeout)
                     self._refuse_self_deadlock(owner)
-                    await self._wait_async(handle, deadline, timeout)
+                    await self._wait_async(asyncio, deadline, timeout, handed_over)
                     rc = lib.pl_claim(self._lf)
                 else:
-                    handle, rc = self._retry_after(rc)
+                    rc = self._retry_after(rc)
             if rc:
                 self._warn_no_record(-rc)
             self._owner = owner
             if _observer is not None:
                 _observer.acquired(self)
         except BaseException:
-            self._guard.release()
-            self._wake_object_waiter()
+            if not handed_over[0]:
+                try:
+                    self._give_back()
+                finally:
+                    self._guard.release()
+                    self._wake_object_waiter()
             raise
         return True
 
-    async def _wait_for_object(self, deadline: float | None, timeout: float | None) -> None:
-        import asyncio
-
+    async def _wait_for_object(
+        self, asyncio: Any, deadline: float | None, timeout: float | None
+    ) -> None:
+        """Sleep until this Lock object is released by whoever holds it here."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         entry = (loop, future)
-        self._object_waiters.append(entry)
+        with self._object_waiters_mu:
+            self._object_waiters.append(entry)
+        # Released between our try and the append: nobody would wake us.
+        if not self._guard.locked():
+            self._wake_object_waiter()
         try:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            await asyncio.wait_for(future, remaining)
+            remaining = _seconds_until(deadline)
+            await asyncio.wait_for(future, None if remaining < 0 else remaining)
         except BaseException as exc:
-            if entry in self._object_waiters:
-                self._object_waiters.remove(entry)
-            elif not self._guard.locked():
-                # We were handed the turn but give up (cancelled, timed
-                # out): pass it on, or the next waiter sleeps forever.
+            with self._object_waiters_mu:
+                queued = entry in self._object_waiters
+                if queued:
+                    self._object_waiters.remove(entry)
+            if not queued:
+                # We were woken but give up (cancelled, timed out): pass
+                # the wake-up on, or the next waiter sleeps forever.
                 self._wake_object_waiter()
             if isinstance(exc, asyncio.TimeoutError):
                 self._raise_held(True, timeout)
             raise
 
     def _wake_object_waiter(self) -> None:
-        import contextlib
-
-        if self._object_waiters:
-            loop, future = self._object_waiters.pop(0)
-            with contextlib.suppress(RuntimeError):  # that loop is closed
-                loop.call_soon_threadsafe(_set_result, future)
-
-    async def _wait_async(self, handle: int, deadline: float | None, timeout: float | None) -> None:
-        import asyncio
-        import contextlib
-        import threading
-
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[int] = loop.create_future()
-        waiter = lib.pl_waiter_new()
-        if waiter == ffi.NULL:
-            raise MemoryError
-        outcome = [errno.ECANCELED]
-        shared = self.shared
-
-        def wait_in_kernel() -> None:
-            rc = errno.EINTR
+        """Wake the first waiting coroutine whose loop still runs."""
+        while True:
+            with self._object_waiters_mu:
+                if not self._object_waiters:
+                    return
+                loop, future = self._object_waiters.pop(0)
             try:
-                while rc == errno.EINTR:
-                    rc = lib.pl_lock_wait(handle, shared, _ns_until(deadline), waiter)
-            finally:  # whatever happened, the awaiting task must hear of it
-                outcome[0] = rc
-                with contextlib.suppress(RuntimeError):  # the loop closed; nobody waits
-                    loop.call_soon_threadsafe(_set_result, done, rc)
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(_set_result, future)
+                    return
+            except RuntimeError:  # closed meanwhile
+                pass
 
-        thread = threading.Thread(target=wait_in_kernel, name=f"pylock wait {self.path}")
-        thread.daemon = True
-        thread.start()
+    async def _wait_async(
+        self, asyncio: Any, deadline: float | None, timeout: float | None, handed_over: list[bool]
+    ) -> None:
+        """Wait in a pylock thread.  If the task gives up while the wait is
+        still running, the guard passes to the wait (handed_over), whose
+        thread gives back any grant and releases the guard when it ends."""
+        from ._wait import LoopWait
+
+        wait = LoopWait(
+            asyncio.get_running_loop(),
+            self._c_wait(),
+            deadline,
+            self._orphaned,
+            f"pylock wait {self.path}",
+        )
         try:
-            rc = await done
-        except BaseException:
-            lib.pl_waiter_cancel(waiter)  # returns once the thread left its wait
-            thread.join()
-            if outcome[0] == 0:  # granted just before the cancel: give it back
-                lib.pl_unlock(handle)
+            rc = await asyncio.shield(wait.future)
+        except BaseException as exc:
+            # Giving up: interrupt the wait and see how it ended, so that
+            # the task raises holding nothing.  The await is short (the wake
+            # signal ends the wait) and never blocks the loop.
+            ended = None
+            if not isinstance(exc, GeneratorExit) and wait.interrupt():
+                try:
+                    ended = await asyncio.shield(wait.future)
+                except BaseException:
+                    ended = None
+            if ended is None:
+                ended = wait.abandon()
+            if ended is None:
+                handed_over[0] = True  # its thread gives back and frees the guard
+            elif ended == 0:
+                self._give_back()
             raise
-        finally:
-            thread.join()
-            lib.pl_waiter_free(waiter)
+        wait.join()
         if rc == errno.ETIMEDOUT:
             self._raise_held(True, timeout)
+        if rc == errno.ENOTSUP:
+            from ._wait import no_wake_signal
+
+            raise no_wake_signal(f"{self.path}: acquire_async()")
         if rc:
             fail(rc, self.path)
+
+    def _orphaned(self, rc: int) -> None:
+        """A wait whose task gave up has ended (in its thread)."""
+        try:
+            if rc == 0:
+                self._give_back()
+        finally:
+            self._guard.release()
+            self._wake_object_waiter()
 
     # -- releasing ---------------------------------------------------------
 
@@ -451,13 +506,15 @@ class Lock:
             _observer.released(self)
         if unlink:
             self._unlink_while_holding()
-        _unlock(self._handle)
         self._owner = None
-        if unlink:
-            self._close_handle()
-        self._guard.release()
-        if self._object_waiters:
-            self._wake_object_waiter()
+        try:
+            _unlock(self._handle)
+            if unlink:
+                self._close_handle()
+        finally:
+            self._guard.release()
+            if self._object_waiters:
+                self._wake_object_waiter()
 
     def _unlink_while_holding(self) -> None:
         if self.shared:
@@ -526,17 +583,60 @@ def _set_result(future: asyncio.Future[Any], value: Any = None) -> None:
         future.set_result(value)
 
 
+def _seconds_until(deadline: float | None) -> float:
+    """threading.Lock.acquire's timeout for the time left (-1: forever)."""
+    if deadline is None:
+        return -1
+    left = deadline - time.monotonic()
+    return min(max(left, 0.0), _TIMEOUT_MAX)
+
+
+def _task_owner(asyncio: Any) -> object:
+    """The task that will hold the lock, or this thread's token outside tasks.
+
+    A task that runs nothing but acquire_async (asyncio.wait_for on Python
+    3.11 wraps the coroutine in one; so does create_task(lock.acquire_async()))
+    acquires for the task awaiting it, so the lock is that task's.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        return _this_thread.token
+    coro = task.get_coro()
+    if getattr(coro, "cr_code", None) is _ACQUIRE_ASYNC_CODE:
+        awaiting = _awaiting_task(asyncio, task)
+        if awaiting is not None:
+            return awaiting
+    return task
+
+
+def _awaiting_task(asyncio: Any, task: Any) -> object | None:
+    waiting_on = {id(task)}
+    # wait_for on 3.11 awaits a future that a done-callback of the inner
+    # task completes; a plain await waits on the task itself.
+    for callback, _ in getattr(task, "_callbacks", None) or ():
+        for arg in getattr(callback, "args", ()):
+            if isinstance(arg, asyncio.Future):
+                waiting_on.add(id(arg))
+    for other in asyncio.all_tasks(task.get_loop()):
+        if other is not task and id(getattr(other, "_fut_waiter", None)) in waiting_on:
+            return other  # type: ignore[no-any-return]
+    return None
+
+
+_ACQUIRE_ASYNC_CODE = Lock.acquire_async.__code__
+
+
 def _after_fork_in_child() -> None:
-    # The child shares the parent's open file descriptions: unlocking would
-    # release the parent's lock, keeping them would keep it alive after the
-    # parent dies.  Close them, and forget everything the parent held.
+    # The C core has closed every lock file in the child (it shares the
+    # parent's open file descriptions: unlocking would release the parent's
+    # lock, keeping them would keep it alive after the parent dies).  Forget
+    # everything the parent held; close nothing here: the numbers are free.
     for lock in list(_open_locks):
-        if lock._handle >= 0:
-            lib.pl_close(lock._handle)
         lock._handle = -1
         lock._owner = None
         lock._guard = allocate_lock()
         lock._object_waiters = []
+        lock._object_waiters_mu = allocate_lock()
     _open_locks.clear()
 
 

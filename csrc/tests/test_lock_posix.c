@@ -1,6 +1,6 @@
 /*
  * Tests of pylock's POSIX lock core, run under ASan/UBSan by .ci/run:
- *   cc -fsanitize=address,undefined csrc/lock_posix.c csrc/tests/test_lock_posix.c
+ *   cc -fsanitize=address,undefined csrc/lock_posix.c csrc/wait_posix.c csrc/tests/test_lock_posix.c
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

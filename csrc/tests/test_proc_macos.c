@@ -2,7 +2,7 @@
  * Tests of pylock's macOS process core (kqueue, sysctl, SIGCHLD self-pipe).
  * Runs on a Mac (the GitHub test workflow):
  *   cc -std=c11 -Wall -Wextra -Werror -fsanitize=address,undefined \
- *      -Icsrc csrc/lock_posix.c csrc/proc_macos.c csrc/tests/test_proc_macos.c
+ *      -Icsrc csrc/lock_posix.c csrc/wait_posix.c csrc/proc_macos.c csrc/tests/test_proc_macos.c
  * .ci/macos-check.sh compiles and links it for arm64 and x86_64 macOS.
  * Real processes throughout; synchronisation through pipes and waitid, never
  * sleeps.  Tests that change process-wide signal state run in a forked child.

@@ -1,0 +1,175 @@
+"""One wait primitive for pylock's kernel waits: deadlines, EINTR, waiters,
+and the hand-over of a blocking C wait to an event loop.
+
+A C wait is a callable ``wait(waiter, timeout_ns) -> rc`` that blocks in
+one syscall and returns 0, ETIMEDOUT, ECANCELED, EINTR (a signal of the
+program's: run its handlers and call again) or another errno.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+
+from ._errors import LockError
+from ._native import ffi, lib
+from ._timeout import ns_left
+
+TYPE_CHECKING = False  # typing is not imported at `import pylock`
+if TYPE_CHECKING:
+    import asyncio
+    from typing import Any, Callable
+
+    CWait = Callable[[Any, int], int]
+
+
+
+def passed(deadline: float | None) -> bool:
+    return deadline is not None and deadline <= time.monotonic()
+
+
+def new_waiter() -> Any:
+    waiter = lib.pl_waiter_new()
+    if waiter == ffi.NULL:
+        raise MemoryError
+    return waiter
+
+
+def wait_blocking(wait: CWait, deadline: float | None) -> int:
+    """Run wait in this thread until it ends; never returns EINTR.
+
+    A signal of the program's ends the syscall with EINTR: returning to
+    Python runs its handlers (which may raise, e.g. KeyboardInterrupt), then
+    the wait goes on for the time left.
+    """
+    waiter = new_waiter()
+    try:
+        while True:
+            rc = wait(waiter, ns_left(deadline))
+            if rc != errno.EINTR:
+                return rc
+    finally:
+        lib.pl_waiter_free(waiter)
+
+
+def no_wake_signal(what: str) -> LockError:
+    """The error for a timed or cancellable wait the program left pylock no signal for."""
+    lost = lib.pl_wake_signal_lost()
+    took = f" (it took signal {lost} from pylock)" if lost > 0 else ""
+    err = LockError(
+        f"{what}: pylock cannot end this wait on time: the program has installed its own "
+        f"handler or SIG_IGN on every real-time signal pylock could claim{took}. "
+        "Leave one real-time signal at SIG_DFL for pylock, or wait without a timeout"
+    )
+    err.errno = errno.ENOTSUP  # type: ignore[attr-defined]
+    return err
+
+
+# -- one C wait in a pylock thread, handed over to an event loop ---------
+
+_RUNNING, _FINISHED, _ABANDONED = 0, 1, 2
+
+
+class LoopWait:
+    """A blocking C wait run by a pylock thread for a coroutine.
+
+    The result reaches the loop with call_soon_threadsafe (await it through
+    asyncio.shield, so that a cancelled task can still learn how the wait
+    ended).  A task that gives up first interrupt()s the wait and awaits
+    its end, which the wake signal makes prompt; when that is impossible
+    (the program took the signal, the loop is closing) abandon() returns at
+    once, never blocking the loop, and the thread passes the result to
+    on_orphan, which must give back whatever it granted.
+    """
+
+    __slots__ = ("_loop", "_mu", "_on_orphan", "_rc", "_state", "_thread", "_waiter", "future")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        wait: CWait,
+        deadline: float | None,
+        on_orphan: Callable[[int], None],
+        name: str,
+    ) -> None:
+        import threading
+
+        self.future: asyncio.Future[int] = loop.create_future()
+        self._loop = loop
+        self._mu = threading.Lock()
+        self._state = _RUNNING
+        self._rc = errno.ECANCELED
+        self._on_orphan = on_orphan
+        waiter = self._waiter = new_waiter()
+
+        def run() -> None:
+            _block_signals()
+            rc = errno.EINTR
+            try:
+                while rc == errno.EINTR:
+                    rc = wait(waiter, ns_left(deadline))
+            finally:
+                self._finished(rc)
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        try:
+            self._thread.start()
+        except BaseException:
+            lib.pl_waiter_free(waiter)
+            raise
+
+    def _finished(self, rc: int) -> None:
+        with self._mu:
+            delivered = False
+            if self._state == _RUNNING and not self._loop.is_closed():
+                try:
+                    self._loop.call_soon_threadsafe(_deliver, self.future, rc)
+                    delivered = True
+                except RuntimeError:  # the loop closed meanwhile
+                    pass
+            self._state, self._rc = (_FINISHED if delivered else _ABANDONED), rc
+        # Nobody touches the waiter once the wait has left _RUNNING.
+        lib.pl_waiter_free(self._waiter)
+        if not delivered:  # the task gave up, or its loop is gone
+            self._on_orphan(rc)
+
+    def join(self) -> None:
+        """Wait for the thread's last lines (it has delivered its result)."""
+        self._thread.join()
+
+    def interrupt(self) -> bool:
+        """Ask the C core to end the wait soon, without blocking; False when
+        it cannot (the program took pylock's signal) or the wait is over."""
+        with self._mu:
+            return self._state == _RUNNING and lib.pl_waiter_cancel(self._waiter) == 0
+
+    def abandon(self) -> int | None:
+        """The task gives up.  Returns the result if the wait already ended
+        (the caller cleans up), or None: the thread will call on_orphan."""
+        with self._mu:
+            if self._state == _RUNNING:
+                self._state = _ABANDONED
+                # Never blocks: interrupts the wait, or (the program took
+                # pylock's signal) lets it end with the grant, given back.
+                lib.pl_waiter_cancel(self._waiter)
+                return None
+            if self._state == _ABANDONED:
+                return None  # the thread has handed it to on_orphan
+            rc = self._rc
+        self._thread.join()  # it has finished: only its last lines are left
+        return rc
+
+
+def _deliver(future: asyncio.Future[int], rc: int) -> None:
+    if not future.done():
+        future.set_result(rc)
+
+
+def _block_signals() -> None:
+    """pylock's threads take none of the program's signals: they go to the
+    program's own threads (pylock's wake signal is unblocked by the C core
+    for the length of each wait)."""
+    import signal
+
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())

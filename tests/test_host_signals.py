@@ -1,0 +1,234 @@
+"""pylock's wake signal inside a program that does its own thing with signals.
+
+pylock borrows one signal to end timed and cancelled waits.  Each test runs a
+small program, as a host application would be written, in its own process
+(signal dispositions are process-wide) and checks that the timed or
+cancelled wait still ends, that the program's own handler is never called by
+pylock, that nothing is killed and nothing hangs.  A hang shows as the
+child's time limit, far above any deadline used here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.support import env_with_repo
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="real-time signals")
+
+PRELUDE = textwrap.dedent(
+    """
+    import asyncio, errno, json, os, signal, sys, threading, time
+    import pylock
+
+    path = sys.argv[1]
+    # Another thread's Lock object excludes us as another process would.
+    holder = pylock.Lock(path)
+    _taker = threading.Thread(target=holder.acquire)
+    _taker.start()
+    _taker.join()
+    waiter = pylock.Lock(path)
+
+    def timed_wait(timeout=0.05):
+        t0 = time.monotonic()
+        try:
+            waiter.acquire(timeout=timeout)
+        except pylock.LockTimeout:
+            return time.monotonic() - t0 - timeout   # lateness past the deadline
+        raise AssertionError("acquired a held lock")
+
+    def pending_signals():
+        # Signals waiting for delivery in any thread of this process.
+        mask = 0
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith(("SigPnd:", "ShdPnd:")):
+                        mask |= int(line.split()[1], 16)
+        return mask
+
+    def report(**fields):
+        print(json.dumps(fields), flush=True)
+    """
+)
+
+
+def run_host(tmp_path, body: str, limit: float = 20.0) -> dict:
+    code = PRELUDE + textwrap.dedent(body)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "host.lock")],
+            capture_output=True,
+            text=True,
+            timeout=limit,
+            env=env_with_repo(),
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the host program hung (no exit within {limit} s): {exc.stderr!r}")
+    assert proc.returncode == 0, (
+        f"the host program died with {proc.returncode}: {proc.stderr[-2000:]}"
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_library_restoring_the_handler_it_saw_does_not_kill_the_next_wait(tmp_path) -> None:
+    """signal.getsignal() cannot see pylock's C handler: a library that saves
+    and restores SIGRTMAX puts SIG_DFL back, whose action is to terminate."""
+    out = run_host(
+        tmp_path,
+        """
+        first = timed_wait()
+        saved = signal.getsignal(signal.SIGRTMAX)      # the library sees SIG_DFL
+        signal.signal(signal.SIGRTMAX, signal.SIG_IGN)
+        signal.signal(signal.SIGRTMAX, saved)          # ... and restores it
+        late = [timed_wait() for _ in range(5)]
+        report(first=first, late=late)
+        """,
+    )
+    assert max(out["late"]) < 1.0
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["handler", "handler-SA_RESTART"])
+def test_a_handler_installed_after_the_claim_is_never_called_by_pylock(tmp_path, restart) -> None:
+    out = run_host(
+        tmp_path,
+        f"""
+        timed_wait()                                    # pylock claims its signal
+        calls = []
+        signal.signal(signal.SIGRTMAX, lambda *a: calls.append(1))
+        if {restart}:
+            signal.siginterrupt(signal.SIGRTMAX, False)  # SA_RESTART: flock would restart
+        late = [timed_wait() for _ in range(5)]
+        cancel_ok = True
+        async def cancel_one():
+            task = asyncio.ensure_future(waiter.acquire_async())
+            await asyncio.sleep(0)
+            while not any("pylock wait" in t.name for t in threading.enumerate()):
+                await asyncio.sleep(0.001)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                return True
+        cancelled = asyncio.run(cancel_one())
+        report(late=late, calls=len(calls), cancelled=cancelled,
+               still_theirs=signal.getsignal(signal.SIGRTMAX) is not signal.SIG_DFL)
+        """,
+    )
+    assert out["calls"] == 0, "pylock woke its waits with the program's own handler"
+    assert out["still_theirs"]
+    assert out["cancelled"]
+    assert max(out["late"]) < 1.0
+
+
+def test_sig_ign_set_after_the_claim_does_not_hang_a_timed_wait(tmp_path) -> None:
+    out = run_host(
+        tmp_path,
+        """
+        timed_wait()
+        signal.signal(signal.SIGRTMAX, signal.SIG_IGN)
+        late = [timed_wait() for _ in range(5)]
+        report(late=late, ignored=signal.getsignal(signal.SIGRTMAX) == signal.SIG_IGN)
+        """,
+    )
+    assert out["ignored"], "pylock took back a signal the program set to SIG_IGN"
+    assert max(out["late"]) < 1.0
+
+
+def test_threads_that_block_every_signal_still_time_out_and_cancel(tmp_path) -> None:
+    """Worker and loop threads often block all signals; pylock's wake signal
+    must still reach a wait there, and a cancel must not re-send forever."""
+    out = run_host(
+        tmp_path,
+        """
+        result = {}
+        def worker():
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+            result["late"] = [timed_wait(0.2) for _ in range(3)]
+            mask_after = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            result["mask_kept"] = signal.SIGRTMAX in mask_after
+
+            async def cancel_in_masked_loop():
+                task = asyncio.ensure_future(waiter.acquire_async())
+                while not any("pylock wait" in t.name for t in threading.enumerate()):
+                    await asyncio.sleep(0.001)
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                t0 = time.monotonic()
+                try:
+                    await asyncio.wait_for(waiter.acquire_async(), 0.2)
+                except asyncio.TimeoutError:
+                    pass
+                return time.monotonic() - t0
+            result["wait_for_took"] = asyncio.run(cancel_in_masked_loop())
+            result["pending"] = pending_signals()
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        report(**result)
+        """,
+    )
+    assert max(out["late"]) < 1.0
+    assert out["mask_kept"], "pylock left its signal unblocked in the program's thread"
+    assert out["wait_for_took"] < 2.0
+    assert out["pending"] == 0, "signals left queued after the waits ended"
+
+
+def test_with_every_signal_taken_timed_waits_fail_at_once_and_cancels_never_block_the_loop(
+    tmp_path,
+) -> None:
+    out = run_host(
+        tmp_path,
+        """
+        for sig in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            waiter.acquire(timeout=0.05)
+            error = None
+        except pylock.LockError as exc:
+            error = (type(exc).__name__, getattr(exc, "errno", None), str(exc))
+
+        order = []
+        def release_later():
+            # The holder lets go only after the cancel has been seen, or
+            # after 5 s if it never is (the cancel blocked the loop).
+            seen.wait(5)
+            order.append("released")
+            holder.release()
+        seen = threading.Event()
+
+        async def main():
+            task = asyncio.ensure_future(waiter.acquire_async())
+            while not any("pylock wait" in t.name for t in threading.enumerate()):
+                await asyncio.sleep(0.001)
+            releaser = threading.Thread(target=release_later)
+            releaser.start()
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                order.append("cancelled")
+            seen.set()
+            releaser.join()
+            # The abandoned wait gives back the grant from its own thread.
+            for t in [t for t in threading.enumerate() if t.name.startswith("pylock wait")]:
+                t.join()
+            return not waiter.locked
+        not_locked = asyncio.run(main())
+        probe = pylock.Lock(path)
+        free = probe.acquire(blocking=False)
+        report(error=error, order=order, not_locked=not_locked, free=free)
+        """,
+    )
+    _, code, message = out["error"]
+    assert code == 95 and "real-time signal" in message, out["error"]  # ENOTSUP
+    assert out["order"] == ["cancelled", "released"], "the cancel waited for the holder"
+    assert out["not_locked"] and out["free"]

@@ -133,7 +133,7 @@ def test_a_closed_loops_waiter_does_not_swallow_the_next_hand_over(lock_path: st
     lock = pylock.Lock(lock_path)
     lock.acquire()
     dead = asyncio.new_event_loop()
-    pending = dead.create_task(lock.acquire_async())  # noqa: F841 - left pending on purpose
+    dead.create_task(lock.acquire_async())  # noqa: RUF006 - left pending on purpose
     _spin_until(dead, lambda: len(lock._object_waiters) == 1)
     dead.close()  # closed with the task pending, never cancelled
 
@@ -169,7 +169,7 @@ def test_a_kernel_wait_whose_loop_closed_gives_the_lock_back(lock_path: str) -> 
     held.join()
     waiter = pylock.Lock(lock_path)
     loop = asyncio.new_event_loop()
-    pending = loop.create_task(waiter.acquire_async())  # noqa: F841 - left pending on purpose
+    loop.create_task(waiter.acquire_async())  # noqa: RUF006 - left pending on purpose
     _spin_until(loop, lambda: bool(pylock_wait_threads()))
     loop.close()
     gc.disable()  # the lock must come back without the garbage collector's help

@@ -20,9 +20,11 @@ HEADERS = ["pylock.h", "pylock_proc.h"]
 if sys.platform == "win32":
     SOURCES = ["claim.c", "win_lock.c", "win_proc.c"]
 elif sys.platform == "darwin":
-    SOURCES = ["claim.c", "lock_posix.c", "wait_posix.c", "proc_macos.c", "proc_posix.c", "sigchld_posix.c"]
+    SOURCES = ["claim.c", "lock_posix.c", "wait_posix.c", "proc_macos.c", "proc_posix.c"]
+    SOURCES += ["sigchld_posix.c"]
 else:
-    SOURCES = ["claim.c", "lock_posix.c", "wait_posix.c", "proc_linux.c", "proc_posix.c", "sigchld_posix.c"]
+    SOURCES = ["claim.c", "lock_posix.c", "wait_posix.c", "proc_linux.c", "proc_posix.c"]
+    SOURCES += ["sigchld_posix.c"]
 
 
 def _cdef_of(header: str) -> str:

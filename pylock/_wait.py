@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     CWait = Callable[[Any, int], int]
 
 
-
 def passed(deadline: float | None) -> bool:
     return deadline is not None and deadline <= time.monotonic()
 

@@ -86,7 +86,7 @@ class ThreadWait:
     wait, a process handle on Windows.
     """
 
-    __slots__ = ("_thread", "_waiter")
+    __slots__ = ("_ended", "_mu", "_orphaned", "_thread", "_waiter")
 
     def __init__(
         self,
@@ -98,13 +98,20 @@ class ThreadWait:
         waiter = lib.pl_waiter_new()
         if waiter == ffi.NULL:
             raise MemoryError
-        self._waiter = waiter
+        self._waiter: Any = waiter
+        self._mu = threading.Lock()
+        self._ended = self._orphaned = False
 
         def run() -> None:
             rc = errno.EINTR
             while rc == errno.EINTR:
                 rc = wait(waiter)
-            if rc != errno.ECANCELED:
+            with self._mu:
+                self._ended = True
+                orphaned = self._orphaned
+            if orphaned:  # cancelled, but it could not be interrupted
+                lib.pl_waiter_free(waiter)
+            elif rc != errno.ECANCELED:
                 with contextlib.suppress(RuntimeError):  # the loop closed
                     loop.call_soon_threadsafe(done, rc)
 
@@ -112,11 +119,19 @@ class ThreadWait:
         self._thread.start()
 
     def cancel(self) -> None:
-        if self._waiter is not None:
-            lib.pl_waiter_cancel(self._waiter)  # returns once the wait has ended
-            self._thread.join()
-            lib.pl_waiter_free(self._waiter)
-            self._waiter = None
+        """End the wait, blocking the loop no longer than the wake signal
+        takes to end it (about a millisecond), never until its event."""
+        with self._mu:
+            waiter, self._waiter = self._waiter, None
+            if waiter is None:
+                return
+            if not self._ended and lib.pl_waiter_cancel(waiter) != 0:
+                # The program took pylock's wake signal: the wait ends with
+                # its event, and its thread frees the waiter then.
+                self._orphaned = True
+                return
+        self._thread.join()
+        lib.pl_waiter_free(waiter)
 
 
 def open_lock(path: str) -> int | None:

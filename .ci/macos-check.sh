@@ -78,11 +78,12 @@ done
 # The per-platform files wrap their whole body in #if guards, so a file can
 # compile while containing nothing.  Make sure the macOS build really has
 # the process API in it.
-sym_obj="$OUT/aarch64-macos-proc_macos.o"
-if [[ " $TARGETS " == *" aarch64-macos "* ]] && [ -f "$sym_obj" ]; then
-    for sym in pl_identity_of pl_proc_open pl_proc_wait pl_proc_returncode pl_sigchld_open; do
+sym_objs=("$OUT"/aarch64-macos-*.o)
+if [[ " $TARGETS " == *" aarch64-macos "* ]] && [ -f "${sym_objs[0]}" ]; then
+    for sym in pl_identity_of pl_proc_open pl_proc_wait pl_proc_returncode pl_sigchld_open \
+               pl_lock_wait pl_waiter_cancel pl_wake_signal; do
         # Mach-O symbol names carry a leading underscore.
-        if ! LC_ALL=C grep -a -q "_$sym" "$sym_obj"; then
+        if ! LC_ALL=C cat "${sym_objs[@]}" | LC_ALL=C grep -a -q "_$sym"; then
             echo "macos-check: $sym missing from the macOS object" >&2
             failed=$((failed + 1))
         fi

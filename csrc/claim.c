@@ -4,6 +4,7 @@
  * linked, write the holder record.  Built on the platform files' own
  * pl_try_lock / pl_file_stat / pl_write_record / pl_unlock.
  */
+#include "pl_lock_internal.h"
 #include "pylock.h"
 
 #include <stdlib.h>

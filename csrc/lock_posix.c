@@ -5,6 +5,7 @@
 #if !defined(_WIN32)
 
 #include "pl_wait_internal.h"
+#include "pl_lock_internal.h"
 #include "pylock.h"
 
 #include <errno.h>

@@ -118,7 +118,4 @@ int pl_claim(pl_lockfile *lf);
 int pl_acquire(pl_lockfile *lf);
 /* CDEF-END */
 
-/* Internal, POSIX: whether path (not followed) names the file st describes. */
-int pl__same_file_at(const char *path, const pl_file_info *st);
-
 #endif

@@ -307,6 +307,108 @@ static void test_claim(void)
     pl_close(e);
 }
 
+/* ---- the wake signal in a program that changes signals ----------------- */
+
+static volatile sig_atomic_t program_handler_calls;
+
+static void program_handler(int sig)
+{
+    (void)sig;
+    program_handler_calls++;
+}
+
+static void set_handler(int sig, void (*fn)(int), int flags)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = fn;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = flags;
+    sigaction(sig, &sa, NULL);
+}
+
+static void *masked_timed_wait(void *arg)
+{
+    struct wait_args *a = arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    waiting_thread(a);
+    sigset_t after;
+    pthread_sigmask(SIG_BLOCK, NULL, &after);
+    a->rc = a->rc == ETIMEDOUT && sigismember(&after, pl_wake_signal()) ? ETIMEDOUT : -2;
+    return NULL;
+}
+
+static void test_wake_signal_rechecked(void)
+{
+    char *p = path_in("w.lock");
+    pl_handle a = open_lock(p), b = open_lock(p);
+    pl_waiter *w = pl_waiter_new();
+    CHECK(pl_try_lock(a, 0) == 0);
+    int first = pl_wake_signal();
+    CHECK(first > 0);
+
+    /* Reset to SIG_DFL (a library restoring what it saw): taken back. */
+    set_handler(first, SIG_DFL, 0);
+    CHECK(pl_lock_wait(b, 0, 10 * 1000 * 1000, w) == ETIMEDOUT);
+    CHECK(pl_wake_signal() == first);
+
+    /* The program's own handler, with SA_RESTART: never called by pylock,
+     * which moves to another signal. */
+    set_handler(first, program_handler, SA_RESTART);
+    CHECK(pl_lock_wait(b, 0, 10 * 1000 * 1000, w) == ETIMEDOUT);
+    CHECK(program_handler_calls == 0);
+    CHECK(pl_wake_signal_lost() == first);
+#if defined(SIGRTMIN)
+    CHECK(pl_wake_signal() != first && pl_wake_signal() > 0);
+#else
+    CHECK(pl_wake_signal() == 0); /* SIGUSR2 was the only candidate */
+    set_handler(first, SIG_DFL, 0);
+#endif
+
+    /* A thread that blocks every signal still times out, and its mask is
+     * as it was afterwards. */
+    struct wait_args args = {b, pl_waiter_new(), 20 * 1000 * 1000, -1, 0};
+    pthread_t t;
+    pthread_create(&t, NULL, masked_timed_wait, &args);
+    pthread_join(t, NULL);
+    CHECK(args.rc == ETIMEDOUT);
+    pl_waiter_free(args.w);
+
+    /* SIG_IGN on every candidate: untimed waits still run and cancels say
+     * they cannot interrupt (they never block); timed waits refuse. */
+#if defined(SIGRTMIN)
+    for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++)
+        if (sig != first)
+            set_handler(sig, SIG_IGN, 0);
+#endif
+    CHECK(pl_wake_signal() == 0);
+    CHECK(pl_lock_wait(b, 0, 10 * 1000 * 1000, w) == ENOTSUP);
+    struct wait_args untimed = {b, pl_waiter_new(), -1, -1, 0};
+    pthread_create(&t, NULL, waiting_thread, &untimed);
+    /* Whether or not the thread has begun its wait, cancel returns. */
+    int rc = pl_waiter_cancel(untimed.w);
+    CHECK(rc == 0 || rc == ENOTSUP);
+    pl_unlock(a); /* the wait ends with the grant, given back */
+    pthread_join(t, NULL);
+    CHECK(untimed.rc == ECANCELED);
+    pl_waiter_free(untimed.w);
+    CHECK(pl_try_lock(a, 0) == 0);
+    pl_unlock(a);
+
+#if defined(SIGRTMIN)
+    for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++)
+        set_handler(sig, SIG_DFL, 0);
+#else
+    set_handler(first, SIG_DFL, 0);
+#endif
+    CHECK(pl_wake_signal() > 0);
+    pl_waiter_free(w);
+    pl_close(a);
+    pl_close(b);
+}
+
 int main(void)
 {
     if (mkdtemp(dir) == NULL) {
@@ -321,6 +423,7 @@ int main(void)
     test_handoff_to_blocked_waiter();
     test_holder_death();
     test_claim();
+    test_wake_signal_rechecked();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

@@ -1,0 +1,13 @@
+/*
+ * Between pylock's POSIX lock-file sources (claim.c, lock_posix.c); not part
+ * of the API in pylock.h.
+ */
+#ifndef PYLOCK_LOCK_INTERNAL_H
+#define PYLOCK_LOCK_INTERNAL_H
+
+#include "pylock.h"
+
+/* Whether path (not followed) names the file st describes. */
+int pl__same_file_at(const char *path, const pl_file_info *st);
+
+#endif

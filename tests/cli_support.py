@@ -8,13 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from tests.support import env_with_repo
+from tests.support.kernel_locks import blocked_waiters, wait_blocked  # noqa: F401 (for the CLI tests)
 
 PYLOCK = os.path.join(os.path.dirname(sys.executable), "pylock")
 FLOCK = shutil.which("flock")
@@ -99,21 +99,6 @@ class Holder:
     def close(self) -> None:
         if self.proc.poll() is None:
             self.release()
-
-
-def blocked_waiters(path: str) -> list[int]:
-    """Pids the kernel shows blocked waiting for a flock on path (/proc/locks "->" lines)."""
-    st = os.stat(path)
-    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-    with open("/proc/locks") as f:
-        return [int(line.split()[5]) for line in f if " -> " in line and key in line]
-
-
-def wait_blocked(path: str, pid: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while pid not in blocked_waiters(path):
-        assert time.monotonic() < deadline, f"pid {pid} never blocked on {path}"
-        time.sleep(0.002)  # re-reading kernel state, not standing in for a signal
 
 
 def children_of(pid: int) -> list[int]:

@@ -1,83 +1,72 @@
-"""Shared fixtures: lock paths and real holder processes that report through pipes."""
+"""Shared fixtures (lock paths, real holder processes, a public directory) and
+the suite's gating: on probes of this machine and on declared markers.
+
+- `portable`: the test runs on Linux, macOS and Windows.  Every other test
+  uses Linux facilities (/proc, flock(1), mounts, pid namespaces, seccomp) and
+  is skipped elsewhere; elsewhere a module is not even imported unless it
+  declares ``pytestmark = pytest.mark.portable`` (read from its source), as
+  Linux-only modules may import what other platforms lack.
+- `root`: the test needs root (mounts, other users, chosen pids); skipped
+  for anyone else.
+- `slow`: a stress scenario (every test under tests/stress); deselect with
+  ``-m "not slow"``.
+"""
 
 from __future__ import annotations
 
+import ast
 import os
-import subprocess
+import shutil
 import sys
-import textwrap
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# Every module but test_portable.py uses Linux facilities (/proc, flock(1),
-# mounts, pid namespaces, seccomp): elsewhere only the portable module runs.
-if not sys.platform.startswith("linux"):
-    collect_ignore_glob = ["stress/*", "test_[!p]*.py", "test_process.py"]
+from tests.support import IS_ROOT, LINUX
+from tests.support.children import HolderProcess
+from tests.support.kernel_locks import open_fds
+
+__all__ = ["HolderProcess", "open_fds"]
+
+_STRESS_DIR = Path(__file__).parent / "stress"
+
+
+def _declares_portable(module: Path) -> bool:
+    """Whether a test module marks itself portable at module level."""
+    tree = ast.parse(module.read_text(encoding="utf-8"), str(module))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
+            return "portable" in ast.unparse(node.value)
+    return False
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if LINUX or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return not _declares_portable(collection_path)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    needs_linux = pytest.mark.skip(reason="needs Linux (/proc, flock(1), mounts, namespaces)")
+    needs_root = pytest.mark.skip(reason="needs root (mounts, other users, chosen pids)")
+    for item in items:
+        if _STRESS_DIR in Path(item.path).parents:
+            item.add_marker(pytest.mark.slow)
+        if not LINUX and item.get_closest_marker("portable") is None:
+            item.add_marker(needs_linux)
+        if not IS_ROOT and item.get_closest_marker("root") is not None:
+            item.add_marker(needs_root)
 
 
 def pytest_report_header() -> str:
-    if sys.platform.startswith("linux"):
-        return "pylock: the whole suite (Linux)"
-    return f"pylock: {sys.platform}: tests/test_portable.py only (the rest needs Linux)"
-
-
-# A child that takes a lock, prints "locked <pid>" and then holds it until its
-# stdin closes (or it is killed).  Synchronisation is by pipe, never by sleep.
-HOLDER_SCRIPT = textwrap.dedent(
-    """
-    import json, sys, pylock
-    path, shared, info = sys.argv[1], sys.argv[2] == "1", json.loads(sys.argv[3])
-    lock = pylock.Lock(path, shared=shared, info=info)
-    lock.acquire()
-    print("locked", flush=True)
-    sys.stdin.read()
-    lock.release()
-    """
-)
-
-
-class HolderProcess:
-    """A real process holding a pylock lock until released or killed."""
-
-    def __init__(self, path: os.PathLike[str] | str, shared: bool = False, info: object = None):
-        import json
-
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                HOLDER_SCRIPT,
-                os.fspath(path),
-                str(int(shared)),
-                json.dumps(info),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line.strip() == "locked", f"holder failed to lock: {line!r}"
-        self.pid = self.proc.pid
-
-    def release(self) -> None:
-        """Ask the holder to release and exit; returns once it has exited."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
+    who = "root" if IS_ROOT else "not root: tests marked root are skipped"
+    if LINUX:
+        return f"pylock: the whole suite (Linux, {who})"
+    return f"pylock: {sys.platform}: the tests marked portable only ({who})"
 
 
 @pytest.fixture
@@ -99,10 +88,13 @@ def spawn_holder() -> Iterator[type[HolderProcess]]:
         holder.close()
 
 
-def open_fds() -> set[int]:
-    return {int(name) for name in os.listdir("/proc/self/fd")}
-
-
-needs_root = pytest.mark.skipif(
-    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root (mounts, other users)"
-)
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory under /tmp every user may traverse (pytest's tmp_path is
+    private to its owner), for checks run as another user."""
+    d = Path(tempfile.mkdtemp(prefix="pylock-public-", dir="/tmp"))
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

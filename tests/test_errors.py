@@ -11,11 +11,9 @@ import errno
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -27,9 +25,8 @@ import pytest
 import pylock
 from pylock import _fs
 from pylock._errors import NOT_REGULAR, SYMLINK
-from tests.support import env_with_repo, mounts
+from tests.support import IS_ROOT, env_with_repo, mounts
 
-IS_ROOT = os.geteuid() == 0
 NOBODY = 65534
 
 # Permanent errors must not wait: acquire(timeout=FAR) has to come back at
@@ -285,17 +282,6 @@ def test_fifo_with_a_writer_waiting_is_still_refused(tmp_path: Path) -> None:
 # -- permission denied, as an unprivileged user -------------------------------
 
 
-@pytest.fixture
-def public_dir() -> Iterator[Path]:
-    """A directory under /tmp that every user may traverse (tmp_path is 0700)."""
-    d = Path(tempfile.mkdtemp(prefix="pylock-perm-", dir="/tmp"))
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
 def as_nobody(path: str) -> dict[str, dict[str, Any]]:
     """outcomes(path) computed by a forked child running as uid/gid 65534."""
     if not IS_ROOT:
@@ -341,14 +327,14 @@ def test_file_with_mode_000_is_permission_denied(public_dir: Path) -> None:
     assert_permanent(as_nobody(str(path)), str(path), errno.EACCES)
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="needs root to mount a read-only tmpfs")
+@pytest.mark.root
 def test_missing_file_on_a_read_only_filesystem(tmp_path: Path) -> None:
     with mounts.readonly_tmpfs() as d:
         path = os.path.join(d, "x.lock")
         assert_permanent(outcomes(path), path, errno.EROFS)
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="needs root to mount a tmpfs")
+@pytest.mark.root
 def test_no_inode_left_for_the_lock_file() -> None:
     with mounts.tmpfs(size="1m", nr_inodes=8) as d:
         mounts.exhaust_inodes(d)
@@ -446,7 +432,7 @@ def test_real_local_filesystems_are_not_refused(tmp_path: Path) -> None:
     assert seen
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="needs root to mount a tmpfs")
+@pytest.mark.root
 def test_a_fresh_tmpfs_is_not_refused() -> None:
     with mounts.tmpfs() as d:
         path = os.path.join(d, "x.lock")

@@ -15,11 +15,7 @@ import pytest
 import pylock
 from pylock import _record
 from tests.support import env_with_repo
-
-
-def free_from_elsewhere(path: str) -> bool:
-    """Whether a third process can take the lock right now (util-linux flock -n)."""
-    return subprocess.run(["flock", "-n", path, "true"]).returncode == 0
+from tests.support.kernel_locks import free_from_elsewhere
 
 
 def fds_on(pid: int, path: str) -> list[int]:

@@ -15,6 +15,7 @@ import textwrap
 import time
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ import pytest
 import pylock
 from pylock import _record
 from pylock._process import ProcessIdentity, identity_of, self_identity
+from tests.support.kernel_locks import granted_pids
 
 # -- helpers ---------------------------------------------------------------
 
@@ -128,13 +130,6 @@ def boot_id() -> str:
 def cmdline(pid: int) -> tuple[str, ...]:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return tuple(a.decode() for a in f.read().split(b"\0") if a)
-
-
-def proc_locks_pids(path: str) -> list[int]:
-    st = os.stat(path)
-    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-    with open("/proc/locks") as f:
-        return [int(line.split()[4]) for line in f if key in line and " -> " not in line]
 
 
 # -- a live holder -----------------------------------------------------------------
@@ -299,7 +294,7 @@ def test_holders_lists_a_forked_child_sharing_the_descriptor(lock_path: str, raw
     # description.  /proc/locks keeps naming the dead taker: fdinfo is the truth.
     os.kill(parent, signal.SIGKILL)
     raw.proc.wait()
-    assert proc_locks_pids(lock_path) == [parent]
+    assert granted_pids(lock_path) == [parent]
     assert [h.pid for h in pylock.holders(lock_path)] == [child]
     found = pylock.Lock(lock_path).holder()
     assert found is not None and found.pid == child and found.verified
@@ -321,24 +316,15 @@ def test_holder_without_a_record_is_named_from_the_kernel(lock_path: str, raw_ho
 
 # -- seen by a user who may not look at the holder's descriptors ------------------
 
-IS_ROOT = os.geteuid() == 0
 NOBODY = 65534
 
 
 @pytest.fixture
-def public_lock() -> Iterator[str]:
+def public_lock(public_dir: Path) -> str:
     """A lock path every user may open (tmp_path is private to root)."""
-    import shutil
-    import tempfile
-
-    d = tempfile.mkdtemp(prefix="pylock-holder-", dir="/tmp")
-    os.chmod(d, 0o755)
-    path = os.path.join(d, "x.lock")
+    path = str(public_dir / "x.lock")
     os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    return path
 
 
 def holder_seen_by_nobody(path: str) -> dict[str, Any] | None:
@@ -368,7 +354,7 @@ def holder_seen_by_nobody(path: str) -> dict[str, Any] | None:
     return json.loads(data)  # type: ignore[no-any-return]
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="needs root to run a check as another user")
+@pytest.mark.root
 def test_unprovable_record_is_reported_unverified(
     public_lock: str, sleeper: subprocess.Popen[bytes], raw_holder
 ) -> None:
@@ -388,7 +374,7 @@ def test_unprovable_record_is_reported_unverified(
     assert found is not None and found.pid != sleeper.pid and found.verified
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="needs root to run a check as another user")
+@pytest.mark.root
 def test_record_of_a_dead_process_is_reported_as_such(public_lock: str, raw_holder) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
     ident = identity_of(gone.pid)

@@ -31,10 +31,9 @@ import pytest
 import pylock
 from pylock import ExitWatcher, Holder, Lock, _process, holder_exit, wait_exit
 from pylock._exit import ProcessExit
-from tests.conftest import HolderProcess, open_fds
 from tests.support import env_with_repo, pidns
-
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux processes")
+from tests.support.children import HolderProcess
+from tests.support.kernel_locks import open_fds
 
 PINNING = _process.pinning_available()
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

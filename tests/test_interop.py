@@ -18,28 +18,10 @@ from collections.abc import Iterator
 import pytest
 
 import pylock
+from tests.support.kernel_locks import flock_n, wait_blocked
 
 FLOCK = shutil.which("flock")
 pytestmark = pytest.mark.skipif(FLOCK is None, reason="util-linux flock(1) is not installed")
-
-
-def flock_n(path: str, *args: str) -> int:
-    """Exit status of `flock -n [args] path true`: 0 taken, 1 refused."""
-    return subprocess.run(["flock", "-n", *args, path, "true"]).returncode
-
-
-def blocked_waiters(path: str) -> list[int]:
-    st = os.stat(path)
-    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-    with open("/proc/locks") as f:
-        return [int(line.split()[5]) for line in f if " -> " in line and key in line]
-
-
-def wait_blocked(path: str, pid: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while pid not in blocked_waiters(path):
-        assert time.monotonic() < deadline, f"pid {pid} never blocked on {path}"
-        time.sleep(0.001)  # re-reading kernel state, not standing in for a signal
 
 
 class FlockHolder:
@@ -225,8 +207,9 @@ def _serve(fd: int) -> None:
 
 @pytest.fixture
 def fuse_dir() -> Iterator[str]:
-    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
-        pytest.skip("mounting FUSE needs root and /dev/fuse")
+    """A real FUSE mount served by a thread here (tests using it are marked root)."""
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("mounting FUSE needs /dev/fuse")
     libc = ctypes.CDLL(None, use_errno=True)
     target = tempfile.mkdtemp(prefix="pylock-fuse-")
     fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
@@ -248,6 +231,7 @@ def fuse_dir() -> Iterator[str]:
         os.rmdir(target)
 
 
+@pytest.mark.root
 def test_fuse_filesystem_is_refused(fuse_dir: str) -> None:
     path = os.path.join(fuse_dir, FILE_NAME.decode())
     out = subprocess.run(["stat", "-f", "-c", "%t", path], capture_output=True, text=True)
@@ -268,6 +252,7 @@ def test_fuse_filesystem_is_refused(fuse_dir: str) -> None:
         assert path in text and "allow_network_fs=True" in text and "flock" in text
 
 
+@pytest.mark.root
 def test_fuse_filesystem_with_explicit_opt_in(fuse_dir: str) -> None:
     path = os.path.join(fuse_dir, FILE_NAME.decode())
     lock = pylock.Lock(path, allow_network_fs=True)

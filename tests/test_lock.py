@@ -5,125 +5,28 @@ from __future__ import annotations
 
 import gc
 import os
-import select
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import open_fds
 
 import pylock
 from tests.support import env_with_repo
+from tests.support.children import Forked
+from tests.support.kernel_locks import (
+    blocked_waiters,
+    free_from_elsewhere,
+    open_fds,
+    wait_blocked,
+)
 
 # -- helpers ---------------------------------------------------------------
-
-
-def _lock_key(path: str) -> str:
-    st = os.stat(path)
-    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-
-
-def blocked_waiters(path: str) -> list[int]:
-    """Pids the kernel shows blocked in flock on path's inode (/proc/locks '->' lines)."""
-    key = _lock_key(path)
-    with open("/proc/locks") as f:
-        return [int(line.split()[5]) for line in f if " -> " in line and key in line]
-
-
-def wait_blocked(path: str, pid: int, count: int = 1, timeout: float = 10.0) -> None:
-    """Return once count waiters of pid are blocked in the kernel on path."""
-    deadline = time.monotonic() + timeout
-    while blocked_waiters(path).count(pid) < count:
-        assert time.monotonic() < deadline, f"pid {pid} never blocked on {path}"
-        time.sleep(0.001)  # re-reading kernel state, not standing in for a signal
-
-
-def _close_all_but(*keep: int) -> None:
-    """In a forked child: drop every inherited descriptor (above stderr) but keep,
-    so the child holds no other process's pipe open."""
-    low = 3
-    for fd in sorted(keep):
-        os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, 1 << 16)
-
-
-class Forked:
-    """A forked copy of this process running fn(chan); lines over pipes both ways."""
-
-    def __init__(self, fn: Callable[[Forked.Chan], None]) -> None:
-        down_r, down_w = os.pipe()
-        up_r, up_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            code = 0
-            try:
-                _close_all_but(down_r, up_w)
-                fn(Forked.Chan(down_r, up_w))
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(down_r)
-        os.close(up_w)
-        self.pid = pid
-        self._to = down_w
-        self._from = up_r
-        self._buf = b""
-        self.status: int | None = None
-
-    class Chan:
-        def __init__(self, r: int, w: int) -> None:
-            self._r = os.fdopen(r, "rb", buffering=0)
-            self._w = w
-
-        def say(self, text: str) -> None:
-            os.write(self._w, text.encode() + b"\n")
-
-        def hear(self) -> str:
-            line = b""
-            while not line.endswith(b"\n"):
-                chunk = self._r.read(1)
-                if not chunk:
-                    return ""
-                line += chunk
-            return line.decode().rstrip("\n")
-
-    def line(self, timeout: float = 10.0) -> str:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([self._from], [], [], max(left, 0))
-            assert ready, f"child {self.pid} said nothing within {timeout} s"
-            chunk = os.read(self._from, 4096)
-            assert chunk, f"child {self.pid} ended without a line (status {self.wait()})"
-            self._buf += chunk
-        text, _, self._buf = self._buf.partition(b"\n")
-        return text.decode()
-
-    def tell(self, text: str) -> None:
-        os.write(self._to, text.encode() + b"\n")
-
-    def wait(self) -> int:
-        if self.status is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.status = os.waitstatus_to_exitcode(status)
-            os.close(self._to)
-            os.close(self._from)
-        return self.status
-
-    def kill(self) -> None:
-        if self.status is None:
-            os.kill(self.pid, signal.SIGKILL)
-            self.wait()
 
 
 @pytest.fixture
@@ -138,11 +41,6 @@ def forked():
     yield start
     for child in children:
         child.kill()
-
-
-def free_from_elsewhere(path: str) -> bool:
-    """Whether another process can take the lock right now (util-linux flock -n)."""
-    return subprocess.run(["flock", "-n", path, "true"]).returncode == 0
 
 
 def task_states(pid: int) -> dict[int, str]:

@@ -1,8 +1,8 @@
 """The behaviour every platform must share, through the public API only.
 
-The other test modules use Linux facilities (/proc, flock(1), mounts, pid
-namespaces, seccomp) and are collected on Linux only; this module is what
-the macOS and Windows jobs run, and it runs on Linux too.
+Marked portable: the macOS and Windows jobs run this module (and any other
+test marked portable); the rest of the suite uses Linux facilities (/proc,
+flock(1), mounts, pid namespaces, seccomp) and is skipped there.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ import threading
 import pytest
 
 import pylock
-from tests.conftest import HolderProcess
+from tests.support.children import HolderProcess
+from tests.support.kernel_locks import WAITING_WINDOW, until_waiting, wait_until_waiting
+
+pytestmark = pytest.mark.portable
 
 
 def test_a_second_process_is_refused_with_the_holder_named(lock_path: str, spawn_holder) -> None:
@@ -50,18 +53,21 @@ def test_holder_and_free(lock_path: str, spawn_holder) -> None:
 
 def test_release_wakes_a_blocked_waiter(lock_path: str, spawn_holder) -> None:
     holder = spawn_holder(lock_path)
-    got = threading.Event()
+    release_asked = threading.Event()
+    entered_after_release: list[bool] = []
 
     def wait() -> None:
         with pylock.Lock(lock_path):
-            got.set()
+            entered_after_release.append(release_asked.is_set())
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    assert not got.is_set()  # the holder still holds it
+    # Waiting in the kernel while the holder holds, not merely not done yet.
+    wait_until_waiting(lock_path, waiter.is_alive)
+    release_asked.set()
     holder.release()
     waiter.join(timeout=60)
-    assert got.is_set()
+    assert entered_after_release == [True]
 
 
 def test_a_killed_holder_frees_the_lock(lock_path: str, spawn_holder) -> None:
@@ -102,7 +108,7 @@ def test_cancelled_async_wait_leaves_the_lock_free(lock_path: str, spawn_holder)
 
     async def main() -> None:
         task = asyncio.ensure_future(pylock.Lock(lock_path).acquire_async())
-        await asyncio.sleep(0)
+        await until_waiting(lock_path, lambda: not task.done())
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -114,20 +120,25 @@ def test_cancelled_async_wait_leaves_the_lock_free(lock_path: str, spawn_holder)
     lock.release()
 
 
-def test_async_acquire_after_release(lock_path: str, spawn_holder) -> None:
+def test_async_acquire_waits_for_the_release_and_really_holds(lock_path: str, spawn_holder) -> None:
     holder = spawn_holder(lock_path)
 
-    async def main() -> bool:
+    async def main() -> None:
         lock = pylock.Lock(lock_path)
         waiting = asyncio.ensure_future(lock.acquire_async(timeout=60))
-        await asyncio.sleep(0)
+        await until_waiting(lock_path, lambda: not waiting.done())
         await asyncio.get_running_loop().run_in_executor(None, holder.release)
-        await waiting
-        held = lock.locked
+        assert await waiting is True
+        assert lock.locked
+        # The kernel's lock, not just the object's flag: a second Lock is refused.
+        with pytest.raises(pylock.LockHeld):
+            pylock.Lock(lock_path).acquire(blocking=False)
         lock.release()
-        return held
+        other = pylock.Lock(lock_path)
+        other.acquire(blocking=False)
+        other.release()
 
-    assert asyncio.run(main())
+    asyncio.run(main())
 
 
 def test_exit_of_a_child_with_its_status(tmp_path) -> None:
@@ -156,6 +167,55 @@ def test_wait_exit_times_out_then_sees_the_exit(lock_path: str) -> None:
         assert pylock.wait_exit(holder.pid, timeout=60) is True
     finally:
         holder.close()
+
+
+@pytest.mark.parametrize("timeout", [1e12, float("inf")])
+def test_wait_exit_with_a_huge_timeout_waits_for_the_exit(timeout: float) -> None:
+    """A timeout too large for any clock waits like no timeout: never a crash."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    outcome: list[object] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(pylock.wait_exit(child.pid, timeout=timeout))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    try:
+        # Still waiting a while later, for a child that is still running.
+        waiter.join(WAITING_WINDOW)
+        assert outcome == []
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        waiter.join(60)
+        child.wait(60)
+    assert outcome == [True]
+
+
+@pytest.mark.parametrize("timeout", [1e12, float("inf")])
+def test_holder_exit_with_a_huge_timeout_waits_for_the_exit(timeout: float) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+
+    async def main() -> int | None:
+        waiting = asyncio.ensure_future(pylock.holder_exit(child.pid, timeout=timeout))
+        done, _ = await asyncio.wait([waiting], timeout=WAITING_WINDOW)
+        assert not done, waiting.result()
+        assert child.stdin is not None
+        child.stdin.close()
+        return await waiting
+
+    try:
+        assert asyncio.run(main()) == 0
+    finally:
+        child.kill()
+        child.wait(60)
 
 
 def test_permanent_errors_are_lock_file_errors(tmp_path) -> None:

@@ -17,8 +17,6 @@ import pytest
 from pylock import _process
 from pylock._process import ProcessIdentity, identity_of, is_alive, same_process, self_identity
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc facts")
-
 PINNING = _process.pinning_available()
 
 

@@ -9,10 +9,8 @@ import json
 import logging
 import os
 import re
-import shutil
 import socket
 import subprocess
-import tempfile
 import time
 import zlib
 from collections.abc import Iterator
@@ -24,8 +22,8 @@ import pylock
 from pylock import _record
 from pylock._process import self_identity
 from tests.support import mounts
+from tests.support.kernel_locks import free_from_elsewhere
 
-IS_ROOT = os.geteuid() == 0
 NOBODY = 65534
 HEADER = re.compile(rb"\Apylock-record v1 (\d+) ([0-9a-f]{8})\n")
 
@@ -40,10 +38,6 @@ def read_record(path: str) -> tuple[dict, bytes]:
     payload = raw[match.end() : match.end() + length]
     assert len(payload) == length and zlib.crc32(payload) == crc
     return json.loads(payload), raw[: match.end() + length]
-
-
-def free_from_elsewhere(path: str) -> bool:
-    return subprocess.run(["flock", "-n", path, "true"]).returncode == 0
 
 
 def held_by_other_process(path: str) -> bool:
@@ -212,7 +206,7 @@ def forked_raw() -> Iterator:
 # -- when the record cannot be written ------------------------------------------------
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="needs root to mount a 64 KiB tmpfs")
+@pytest.mark.root
 def test_full_disk_lock_still_works_and_warns(caplog: pytest.LogCaptureFixture) -> None:
     with mounts.tmpfs(size="64k") as d:
         filled = mounts.fill_space(d)
@@ -237,7 +231,7 @@ def test_full_disk_lock_still_works_and_warns(caplog: pytest.LogCaptureFixture) 
         lock.close()
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="needs root to mount a 64 KiB tmpfs")
+@pytest.mark.root
 def test_full_disk_holder_in_another_process(spawn_holder) -> None:
     with mounts.tmpfs(size="64k") as d:
         mounts.fill_space(d)
@@ -253,7 +247,7 @@ def test_full_disk_holder_in_another_process(spawn_holder) -> None:
         assert free_from_elsewhere(path)
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="needs root to mount a read-only tmpfs")
+@pytest.mark.root
 def test_read_only_filesystem_lock_works_and_warns(caplog: pytest.LogCaptureFixture) -> None:
     def populate(d: str) -> None:
         Path(d, "x.lock").touch()
@@ -273,17 +267,7 @@ def test_read_only_filesystem_lock_works_and_warns(caplog: pytest.LogCaptureFixt
         assert any(path in w and "could not be written" in w for w in warnings), warnings
 
 
-@pytest.fixture
-def public_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="pylock-rec-", dir="/tmp"))
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.mark.skipif(not IS_ROOT, reason="needs root to run a check as another user")
+@pytest.mark.root
 def test_read_only_lock_file_of_another_user(public_dir: Path, spawn_holder) -> None:
     """A file the user may read but not write can still be locked, without a record."""
     path = public_dir / "x.lock"

@@ -11,19 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-# The support package and pylock from this checkout, whatever pytest's rootdir
-# and import mode made of sys.path.
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
-
-from tests.support.sizes import SIZE_NAME, Figures  # noqa: E402
+from tests.support.sizes import SIZE_NAME, Figures
 
 _collected: list[tuple[str, dict[str, Any]]] = []
 

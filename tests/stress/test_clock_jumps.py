@@ -17,7 +17,8 @@ import pytest
 
 import pylock
 from pylock._process import identity_of
-from tests.support.procs import Script, proc_locks_waiters, wait_for
+from tests.support.kernel_locks import wait_blocked
+from tests.support.procs import Script
 from tests.support.sizes import Figures
 
 
@@ -97,7 +98,7 @@ def test_holder_with_shifted_wall_clock(tmp_path: Path, shift: str, figures: Fig
             path,
         )
         waiter.expect("waiting")
-        wait_for(lambda: waiter.pid in proc_locks_waiters(path), what="waiter blocked")
+        wait_blocked(path, waiter.pid)
         t_kill = time.monotonic_ns()
         holder.kill()
         got = int(waiter.expect("got"))
@@ -220,7 +221,7 @@ def test_wall_clock_jumps_during_the_wait(tmp_path: Path, mode: str, figures: Fi
         holder.expect("held")
         waiter = Script(JUMPING_WAITER, path, mode, env=env)
         start_wall = float(waiter.expect("waiting"))
-        wait_for(lambda: waiter.pid in proc_locks_waiters(path), what="waiter blocked")
+        wait_blocked(path, waiter.pid)
         t0 = time.monotonic()
         stamp.write_text("+10y\n")  # the date jumps ten years ahead...
         stamp.write_text("-10y\n")  # ...and then ten years back, mid-wait

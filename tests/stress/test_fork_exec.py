@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import pylock
-from tests.support.procs import Script, alive, fds_on, proc_locks_waiters, wait_for
+from tests.support.kernel_locks import wait_blocked
+from tests.support.procs import Script, alive, fds_on
 from tests.support.sizes import Figures
 
 # The holder takes the lock, then starts children of every kind that outlive
@@ -69,7 +70,7 @@ def test_holder_dies_lock_is_free_at_once_while_children_live(
             path,
         )
         waiter.expect("waiting")
-        wait_for(lambda: waiter.pid in proc_locks_waiters(path), what="waiter blocked in flock")
+        wait_blocked(path, waiter.pid)
 
         t_death = time.monotonic_ns()
         if death == "sigkill":

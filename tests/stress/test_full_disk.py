@@ -47,6 +47,9 @@ def _record_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
+pytestmark = pytest.mark.root  # every scenario mounts a tiny tmpfs
+
+
 def test_full_tmpfs_existing_file_locks_with_a_warning(
     caplog: pytest.LogCaptureFixture, figures: Figures
 ) -> None:

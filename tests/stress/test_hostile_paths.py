@@ -26,26 +26,9 @@ import pylock
 from pylock import _record
 from pylock._errors import NOT_REGULAR, SYMLINK
 from pylock._process import identity_of
-from tests.support import is_root, mounts
+from tests.support import mounts
 from tests.support.procs import NOBODY, Script, become, in_child
 from tests.support.sizes import Figures
-
-needs_root = pytest.mark.skipif(not is_root(), reason="needs root (other users, mknod, mounts)")
-
-
-@pytest.fixture
-def public_dir() -> Iterator[Path]:
-    """A directory every user can reach (pytest's tmp_path is private to root)."""
-    import shutil
-    import tempfile
-
-    d = Path(tempfile.mkdtemp(prefix="pylock-public-", dir="/tmp"))
-    os.chmod(d, 0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
 
 PERMANENT_TIMEOUT = 30.0  # a permanent error must not turn into this wait
 AT_ONCE = 2.0  # "at once", generously, for a loaded CI machine
@@ -175,7 +158,7 @@ def _crafted_record(pid: int, **extra: Any) -> bytes:
     return _record.encode(json.dumps(fields, separators=(",", ":")).encode())
 
 
-@needs_root
+@pytest.mark.root
 def test_sticky_world_writable_directory_attacks(public_dir: Path) -> None:
     """The classic /tmp attacks by another user, in a sticky 1777 directory."""
     shared = public_dir / "shared"
@@ -229,16 +212,23 @@ def _make_special(tmp_path: Path, kind: str) -> str:
         s = socket.socket(socket.AF_UNIX)
         s.bind(path)
         s.close()
-    elif kind == "char_device":
-        if not is_root():
-            pytest.skip("mknod needs root")
+    elif kind == "char_device":  # mknod: marked root
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     elif kind == "dev_null":
         path = "/dev/null"
     return path
 
 
-@pytest.mark.parametrize("kind", ["directory", "fifo", "socket", "char_device", "dev_null"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "directory",
+        "fifo",
+        "socket",
+        pytest.param("char_device", marks=pytest.mark.root),  # mknod
+        "dev_null",
+    ],
+)
 def test_not_a_regular_file(tmp_path: Path, kind: str) -> None:
     path = _make_special(tmp_path, kind)
     res = in_child(lambda: _try_lock(path))
@@ -328,7 +318,7 @@ def test_relative_path_is_fixed_at_construction(
 # ---------------------------------------------------------------- permissions
 
 
-@needs_root
+@pytest.mark.root
 def test_no_permission_as_an_unprivileged_user(public_dir: Path, figures: Figures) -> None:
     tmp_path = public_dir
     d = tmp_path / "rootdir"
@@ -401,7 +391,7 @@ def test_no_permission_as_an_unprivileged_user(public_dir: Path, figures: Figure
 # ---------------------------------------------------------------- read-only filesystem
 
 
-@needs_root
+@pytest.mark.root
 def test_read_only_filesystem(caplog: pytest.LogCaptureFixture, figures: Figures) -> None:
     def populate(d: str) -> None:
         Path(d, "existing.lock").write_bytes(b"")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import is_root, pidns
+from tests.support import pidns
 from tests.support.pidreuse import CHECKS
 from tests.support.sizes import Figures, size
 
@@ -21,13 +21,12 @@ TRIALS = size(100, 500)
 SCRIPT = "from tests.support.pidreuse import main; main()"
 
 
+@pytest.mark.root  # pid namespaces with a chosen pid (ns_last_pid)
 @pytest.mark.parametrize("path_kind", ["pidfd", "fallback"])
 def test_recycled_pids_never_fool_pylock(tmp_path: Path, path_kind: str, figures: Figures) -> None:
     reason = pidns.available()
     if reason:
         pytest.skip(reason)
-    if not is_root():
-        pytest.skip("pid namespaces with a chosen pid need root (ns_last_pid)")
     old_kernel = path_kind == "fallback"
     data = pidns.run_json_in_pidns(
         SCRIPT,

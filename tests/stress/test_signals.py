@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import pylock
-from tests.support.procs import Script, fds_on, proc_locks_waiters, wait_for
+from tests.support.kernel_locks import blocked_waiters, wait_blocked
+from tests.support.procs import Script, fds_on
 from tests.support.sizes import Figures
 
 HOLDER = r"""
@@ -83,11 +84,11 @@ def test_eintr_storm_neither_breaks_the_wait_nor_loses_the_wakeup(
     try:
         holder.expect("held")
         waiter = Script(STORM_WAITER, path, mode)
-        wait_for(lambda: waiter.pid in proc_locks_waiters(path), what="waiter blocked")
+        wait_blocked(path, waiter.pid)
         # Let the storm hit the blocked wait: 2,000 signals, counted by ticks.
         for _ in range(8):
             assert waiter.expect() == "tick"
-        assert waiter.pid in proc_locks_waiters(path), "the storm broke the wait"
+        assert waiter.pid in blocked_waiters(path), "the storm broke the wait"
         holder.send()
         released = int(holder.expect("released"))
         outcome, t_got, _elapsed, count, locked = _read_done(waiter)
@@ -175,7 +176,7 @@ def test_keyboard_interrupt_during_blocking_acquire_leaves_nothing(
         holder.expect("held")
         waiter = Script(INTERRUPTED_WAITER, path, mode)
         waiter.expect("waiting")
-        wait_for(lambda: waiter.pid in proc_locks_waiters(path), what="waiter blocked")
+        wait_blocked(path, waiter.pid)
         t0 = time.monotonic()
         waiter.signal(signal.SIGINT)
         first = json.loads(waiter.expect("state"))
@@ -183,7 +184,7 @@ def test_keyboard_interrupt_during_blocking_acquire_leaves_nothing(
         assert first["outcome"] == "KeyboardInterrupt"
         assert first["locked"] is False
         assert len(first["threads"]) == first["base_threads"] == 1, first["threads"]
-        assert waiter.pid not in proc_locks_waiters(path), "still queued in the kernel"
+        assert waiter.pid not in blocked_waiters(path), "still queued in the kernel"
         # The holder goes; the interrupted waiter must not pick the lock up.
         holder.send()
         holder.expect("released")

@@ -141,6 +141,7 @@ def test_pidns_script_failure_reports_stderr() -> None:
         pidns.run_in_pidns("raise SystemExit('boom')")
 
 
+@pytest.mark.root
 def test_tiny_tmpfs_fills_up_but_flock_still_works() -> None:
     with mounts.tmpfs(size="64k") as d:
         lockfile = os.path.join(d, "a.lock")
@@ -158,6 +159,7 @@ def test_tiny_tmpfs_fills_up_but_flock_still_works() -> None:
     assert not os.path.exists(d)
 
 
+@pytest.mark.root
 def test_tmpfs_out_of_inodes() -> None:
     with mounts.tmpfs(size="1m", nr_inodes=4) as d:
         made = mounts.exhaust_inodes(d)
@@ -167,6 +169,7 @@ def test_tmpfs_out_of_inodes() -> None:
         assert exc.value.errno == errno.ENOSPC
 
 
+@pytest.mark.root
 def test_readonly_mounts_refuse_writes(tmp_path: object) -> None:
     def populate(d: str) -> None:
         with open(os.path.join(d, "x.lock"), "w"):

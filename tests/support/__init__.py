@@ -1,5 +1,7 @@
-"""Test machinery for pylock's suites: an old-kernel simulator (seccomp), private
-pid namespaces with chosen pids, and small throwaway filesystems.
+"""Test machinery for pylock's suites: probes of what this machine offers,
+kernel lock-state helpers, one harness for child processes, an old-kernel
+simulator (seccomp), private pid namespaces with chosen pids, and small
+throwaway filesystems.
 
 Every module here uses only the standard library (plus pytest for skips), so the
 launchers can run before pylock itself is importable.
@@ -8,12 +10,20 @@ launchers can run before pylock itself is importable.
 from __future__ import annotations
 
 import os
+import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# Probes: what this machine offers.  The suite gates on these (and on the
+# `portable` and `root` markers, see tests/conftest.py), never on file names.
+LINUX = sys.platform.startswith("linux")
+
 
 def is_root() -> bool:
-    return os.geteuid() == 0
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+IS_ROOT = is_root()
 
 
 def env_with_repo(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -1,97 +1,15 @@
-"""Small process and /proc helpers for the stress scenarios."""
+"""Small process and /proc helpers for the stress scenarios (the child-process
+harness itself is tests.support.children)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
-import sys
-import threading
-from collections.abc import Sequence
 from typing import Any
 
-from tests.support import env_with_repo
+from tests.support.children import Script
 
-
-class Script:
-    """A Python child speaking a line protocol on stdin/stdout.
-
-    ``expect()`` reads the next stdout line (the synchronisation point: the
-    child prints only once it has done what the line says).
-    """
-
-    def __init__(
-        self,
-        code: str,
-        *args: str,
-        prefix: Sequence[str] = (),
-        env: dict[str, str] | None = None,
-        **popen: Any,
-    ) -> None:
-        self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-c", code, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env_with_repo(env),
-            **popen,
-        )
-        self.pid = self.proc.pid
-        self._stderr: list[str] = []
-        self._err_thread = threading.Thread(target=self._drain, daemon=True)
-        self._err_thread.start()
-
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self._stderr.append(line)
-
-    @property
-    def stderr(self) -> str:
-        """What the child wrote to stderr (complete once it and its children exited)."""
-        if self.proc.poll() is not None:
-            self._err_thread.join(1)
-        return "".join(self._stderr)
-
-    def expect(self, prefix: str = "") -> str:
-        assert self.proc.stdout is not None
-        line: str = self.proc.stdout.readline()
-        if not line:
-            rc = self.proc.wait()
-            raise AssertionError(f"child exited ({rc}) before saying {prefix!r}:\n{self.stderr}")
-        line = line.rstrip("\n")
-        if not line.startswith(prefix):
-            raise AssertionError(f"expected {prefix!r}, child said {line!r}\n{self.stderr}")
-        return line[len(prefix) :].strip()
-
-    def send(self, line: str = "") -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def close_stdin(self) -> None:
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
-
-    def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(sig)
-
-    def kill(self) -> int:
-        self.signal(signal.SIGKILL)
-        return self.wait()
-
-    def wait(self, timeout: float = 60) -> int:
-        return self.proc.wait(timeout)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
-        self.close_stdin()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+__all__ = ["Script"]  # the harness, re-exported for the scenarios
 
 
 def fd_count(pid: int | str = "self") -> int:
@@ -136,19 +54,6 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return data[data.rindex(b")") + 2 :].split()[0] != b"Z"
-
-
-def proc_locks_waiters(path: str) -> list[int]:
-    """Pids /proc/locks shows blocked ("->") on a flock of the file at path."""
-    st = os.stat(path)
-    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-    pids = []
-    with open("/proc/locks") as f:
-        for line in f:
-            if "->" in line and "FLOCK" in line and key in line:
-                parts = line.split()
-                pids.append(int(parts[parts.index("->") + 4]))
-    return pids
 
 
 def wait_for(condition: Any, timeout: float = 10.0, what: str = "condition") -> None:

@@ -1,0 +1,122 @@
+"""What the kernel says about a lock file, read from outside pylock.
+
+/proc/locks (Linux) lists every flock; a waiter shows as a "->" line
+under the lock it waits for.  util-linux flock(1) is a second, independent
+flock user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from collections.abc import Callable
+
+from tests.support import LINUX
+
+
+def lock_key(path: str) -> str:
+    """The "MAJ:MIN:INODE " column /proc/locks uses for the file at path."""
+    st = os.stat(path)
+    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+
+
+def granted_pids(path: str) -> list[int]:
+    """The pid column of the flocks /proc/locks shows granted on path's inode
+    ("N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF"): whoever took each,
+    which is not always who holds it now."""
+    key = lock_key(path)
+    pids = []
+    with open("/proc/locks") as f:
+        for line in f:
+            if key in line and " -> " not in line and "FLOCK" in line:
+                pids.append(int(line.split()[4]))
+    return pids
+
+
+def blocked_waiters(path: str) -> list[int]:
+    """Pids the kernel shows blocked in flock on path's inode, once per waiter.
+
+    A "->" line reads "N: -> FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF":
+    the pid is the fourth field after the arrow.
+    """
+    key = lock_key(path)
+    pids = []
+    with open("/proc/locks") as f:
+        for line in f:
+            if key in line and " -> " in line and "FLOCK" in line:
+                fields = line.split()
+                pids.append(int(fields[fields.index("->") + 4]))
+    return pids
+
+
+def wait_blocked(path: str, pid: int, count: int = 1, timeout: float = 20.0) -> None:
+    """Return once count waiters of pid are blocked in the kernel on path."""
+    deadline = time.monotonic() + timeout
+    while blocked_waiters(path).count(pid) < count:
+        assert time.monotonic() < deadline, f"pid {pid} never blocked on {path}"
+        time.sleep(0.001)  # re-reading kernel state, not standing in for a signal
+
+
+async def until_blocked(path: str, pid: int, timeout: float = 20.0) -> None:
+    """wait_blocked for a coroutine: the event loop keeps running meanwhile."""
+    deadline = time.monotonic() + timeout
+    while pid not in blocked_waiters(path):
+        assert time.monotonic() < deadline, f"pid {pid} never blocked on {path}"
+        await asyncio.sleep(0.0005)  # re-reading kernel state, not standing in for a signal
+
+
+def flock_n(path: str, *args: str) -> int:
+    """Exit status of `flock -n [args] path true`: 0 taken, 1 refused."""
+    return subprocess.run(["flock", "-n", *args, path, "true"]).returncode
+
+
+def free_from_elsewhere(path: str) -> bool:
+    """Whether another process can take the lock right now (util-linux flock -n)."""
+    return flock_n(path) == 0
+
+
+def open_fds() -> set[int]:
+    """This process's open descriptors."""
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+# Where the kernel shows no waiters (macOS, Windows), a waiter is taken to be
+# waiting once it has stayed waiting, with the lock held elsewhere, for this
+# long: the one bounded observation a test can make of "not yet".
+WAITING_WINDOW = 0.5
+
+
+def wait_until_waiting(
+    path: str, still_waiting: Callable[[], bool], pid: int | None = None, timeout: float = 20.0
+) -> None:
+    """Return once process pid (default: this one) waits for the lock on path.
+
+    On Linux that is when /proc/locks shows it blocked in flock; elsewhere,
+    after WAITING_WINDOW with still_waiting() true throughout.  Fails at once
+    when still_waiting() turns false first: the waiter got the lock (or gave
+    up) while it was held elsewhere.
+    """
+    pid = os.getpid() if pid is None else pid
+    deadline = time.monotonic() + (timeout if LINUX else WAITING_WINDOW)
+    while not (LINUX and pid in blocked_waiters(path)):
+        assert still_waiting(), f"the waiter stopped waiting while {path} was held elsewhere"
+        if time.monotonic() >= deadline:
+            assert not LINUX, f"pid {pid} never blocked on {path}"
+            return
+        time.sleep(0.001)  # re-reading kernel state, not standing in for a signal
+
+
+async def until_waiting(
+    path: str, still_waiting: Callable[[], bool], pid: int | None = None, timeout: float = 20.0
+) -> None:
+    """wait_until_waiting for a coroutine: the event loop keeps running meanwhile."""
+    pid = os.getpid() if pid is None else pid
+    deadline = time.monotonic() + (timeout if LINUX else WAITING_WINDOW)
+    while not (LINUX and pid in blocked_waiters(path)):
+        assert still_waiting(), f"the waiter stopped waiting while {path} was held elsewhere"
+        if time.monotonic() >= deadline:
+            assert not LINUX, f"pid {pid} never blocked on {path}"
+            return
+        await asyncio.sleep(0.0005)  # re-reading kernel state, not standing in for a signal

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -69,30 +68,29 @@ def test_detector_sees_overlaps_without_a_lock(tmp_path: Path) -> None:
 def test_a_later_task_is_never_taken_for_an_ended_holder_task(lock_path: str) -> None:
     # Found by the thread stress when it released outside the acquiring task.
     # Each round: a task takes the lock and ends (still held), then a new task
-    # in another thread waits briefly for it through another Lock object: it
-    # must time out.  CPython reuses a freed task's memory, so within 200
-    # rounds some new task gets the ended task's id().
+    # on the same loop waits briefly for it through another Lock object: it
+    # must time out.  CPython reuses the ended task's memory for the next
+    # task almost every time, so the new task gets its id() within 200 rounds.
+    loop = asyncio.new_event_loop()
     outcomes: set[str] = set()
-    for _ in range(200):
-        holder = pylock.Lock(lock_path)
-        asyncio.run(holder.acquire_async())
-        other = pylock.Lock(lock_path)
-
-        async def wait_briefly(other: pylock.Lock = other) -> None:
+    try:
+        for _ in range(200):
+            holder = pylock.Lock(lock_path)
+            loop.run_until_complete(holder.acquire_async())
+            other = pylock.Lock(lock_path)
             try:
-                await other.acquire_async(timeout=0.005)
+                loop.run_until_complete(other.acquire_async(timeout=0.005))
                 outcomes.add("acquired a held lock")
             except pylock.LockTimeout:
                 outcomes.add("timed out")
             except pylock.ReentrantAcquire:
                 outcomes.add("refused as reentrant")
-
-        waiter = threading.Thread(target=asyncio.run, args=(wait_briefly(),))
-        waiter.start()
-        waiter.join(30)
-        holder.release()
-        if "refused as reentrant" in outcomes:
-            break
+            finally:
+                holder.release()
+            if "refused as reentrant" in outcomes:
+                break
+    finally:
+        loop.close()
     assert outcomes == {"timed out"}
 
 

@@ -17,7 +17,7 @@ import pylock
 from pylock._dirs import UnsafeDirectory
 from pylock._ports import listeners
 from tests.daemon_kit import NOBODY, AsUser, hold_until_told
-from tests.support import env_with_repo, is_root
+from tests.support import env_with_repo
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_port_lock_across_processes_names_the_holder(port_dir):
     pylock.port_lock(port).close()  # free once the holder has gone
 
 
-@pytest.mark.skipif(not is_root(), reason="needs root to run a holder as another user")
+@pytest.mark.root  # run a holder as another user
 def test_port_lock_across_users(port_dir):
     port = free_port()
     other = AsUser(NOBODY, hold_until_told(lambda: pylock.port_lock(port, info={"u": "nobody"})))

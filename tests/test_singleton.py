@@ -22,7 +22,7 @@ from pylock._process import ProcessIdentity, identity_of
 from pylock._record import RecordTemplate
 from pylock._singleton import TakeoverRefused
 from tests.daemon_kit import NOBODY, AsUser
-from tests.support import env_with_repo, is_root
+from tests.support import env_with_repo
 
 # A daemon: takes the singleton, says "ready <pid>", and on SIGTERM says
 # "term" and exits 0 (or, told to, ignores SIGTERM and says "ignored").
@@ -70,7 +70,8 @@ class Daemon:
 
 @pytest.fixture
 def public_dir():
-    """A directory every user may write to (tmp_path's parents are root's alone)."""
+    """A directory every user may write to (tmp_path's parents are root's alone;
+    conftest's public_dir may only be traversed)."""
     import shutil
     import tempfile
 
@@ -314,7 +315,7 @@ def test_refuses_a_record_whose_pid_now_names_another_process(tmp_path):
         assert _finish(proc) == ""  # never signalled
 
 
-@pytest.mark.skipif(not is_root(), reason="needs root to run a holder as another user")
+@pytest.mark.root  # run a holder as another user
 def test_refuses_another_users_process(public_dir):
     tmp_path = public_dir
     hit: list[str] = []

@@ -18,7 +18,6 @@ import pytest
 import pylock
 from pylock._dirs import UnsafeDirectory
 from tests.daemon_kit import NOBODY
-from tests.support import is_root
 
 LISTENER = textwrap.dedent(
     """
@@ -203,7 +202,7 @@ def test_a_symlinked_runtime_dir_is_refused(no_runtime_env, tmp_path):
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
-@pytest.mark.skipif(not is_root(), reason="needs root to make a directory of another user")
+@pytest.mark.root  # make a directory of another user
 def test_a_runtime_dir_of_another_user_is_refused(monkeypatch, tmp_path):
     planted = tmp_path / "planted"
     planted.mkdir(mode=0o700)

@@ -341,7 +341,7 @@ def test_refuses_another_users_process(public_dir):
         other.close()
 
 
-@pytest.mark.skipif(not is_root(), reason="needs root to run both sides as another user")
+@pytest.mark.root  # run both sides as another user
 def test_refuses_a_holder_it_may_not_inspect(public_dir):
     """Same user, but the holder made itself non-dumpable: its descriptors (and so
     whether it holds the lock) are hidden from this user, so it is not verified."""

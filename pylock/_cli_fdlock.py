@@ -86,21 +86,57 @@ def unlock_descriptor(fd: int) -> None:
 
 
 def kernel_holders(fd: int) -> list[Holder]:
-    """The processes the kernel shows holding a flock on fd's file (Linux fdinfo)."""
-    from . import _procfs
-    from ._holder import _from_kernel
-    from ._process import identity_of
-
+    """The other processes the kernel shows holding a flock on fd's file (Linux fdinfo)."""
     st = os.fstat(fd)
+    return [h for h in kernel_holders_of(st.st_dev, st.st_ino) if h.pid != os.getpid()]
+
+
+def kernel_holders_of(dev: int, ino: int) -> list[Holder]:
+    """Every process whose descriptor holds a flock on (dev, ino), described from /proc alone."""
+    from ._holder import Holder
+    from ._process import identity_of
+    from ._procfs import holders_of
+    from ._record import hostname
+
     found = []
-    me = os.getpid()
-    for lock in _procfs.holders_of(st.st_dev, st.st_ino):
-        if lock.pid == me:
-            continue
+    for lock in holders_of(dev, ino):
         ident = identity_of(lock.pid)
-        if ident is not None:
-            found.append(_from_kernel(lock, ident, None))
+        if ident is None:
+            continue  # exited meanwhile
+        argv = _cmdline(lock.pid)
+        found.append(
+            Holder(
+                pid=lock.pid,
+                start_time=ident.start_time,
+                boot_id=ident.boot_id,
+                pidfs_ino=ident.pidfs_ino,
+                hostname=hostname(),
+                program=os.path.basename(argv[0]) if argv else "",
+                argv=argv,
+                verified=True,
+                shared=lock.shared,
+            )
+        )
     return found
+
+
+def _cmdline(pid: int) -> tuple[str, ...]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read(8192)
+    except OSError:
+        return ()
+    return tuple(os.fsdecode(part) for part in raw.split(b"\0") if part)
+
+
+def listed_in_proc_locks(dev: int, ino: int) -> bool | None:
+    """Whether the kernel's lock table lists a flock on (dev, ino); None if unreadable."""
+    key = f" {os.major(dev):02x}:{os.minor(dev):02x}:{ino} ".encode()
+    try:
+        with open("/proc/locks", "rb") as f:
+            return any(key in line and b"FLOCK" in line for line in f)
+    except OSError:
+        return None
 
 
 def describe_descriptor(fd: int) -> str:

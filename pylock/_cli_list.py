@@ -108,41 +108,62 @@ def main(argv: Sequence[str]) -> int:
 
 def inspect(path: str) -> Entry | None:
     """The lock file at path, or None when it is not one."""
-    from ._holder import _Inspection
-    from ._process import identity_of, same_process
+    from ._cli_fdlock import listed_in_proc_locks
+    from ._process import ProcessIdentity, identity_of, same_process
+    from ._record import MAX_RECORD, parse
 
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     try:
-        st = os.lstat(path)
+        fd = os.open(path, flags)
+    except OSError:
+        return None  # a symlink, unreadable, or gone
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        head = os.pread(fd, MAX_RECORD, 0)
+        held = listed_in_proc_locks(st.st_dev, st.st_ino)
+        if held is None:  # no lock table: a shared probe, given back at once
+            held = _probe_held(fd)
     except OSError:
         return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    try:
-        look = _Inspection(path)
-    except OSError:
-        return None  # unreadable, or replaced by something else meanwhile
-    try:
-        entry = Entry(path)
-        entry.record = look.record
-        held = look.held()
-        if held:
-            from ._cli_who import PathProblem, who
-
-            try:  # as `pylock who` names them: the holder, or every shared one
-                entry.holders = who(path)
-            except PathProblem:
-                return None
-        if look.record is None and not held and st.st_size > 0:
-            return None  # someone's data, not a lock file
-        if look.record is not None:
-            from ._holder import _record_identity
-
-            recorded = _record_identity(look.record)
-            now = identity_of(recorded.pid)
-            entry.record_alive = now is not None and same_process(now, recorded)
-        return entry
     finally:
-        look.close()
+        os.close(fd)
+    entry = Entry(path)
+    entry.record = parse(head)
+    if entry.record is None and not held and head:
+        return None  # someone's data, not a lock file
+    if held:
+        from ._cli_who import PathProblem, who
+
+        try:  # as `pylock who` names them: the holder, or every shared one
+            entry.holders = who(path)
+        except PathProblem:
+            return None
+    rec = entry.record
+    if rec is not None:
+        recorded = ProcessIdentity(
+            int(rec["pid"]),
+            _int(rec.get("start_time")),
+            str(rec.get("boot_id", "")),
+            _int(rec.get("pidfs_ino")),
+        )
+        now = identity_of(recorded.pid)
+        entry.record_alive = now is not None and same_process(now, recorded)
+    return entry
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _probe_held(fd: int) -> bool:
+    from ._native import lib
+
+    if lib.pl_try_lock(fd, 1) == 0:
+        lib.pl_unlock(fd)
+        return False
+    return True
 
 
 def clean(entry: Entry) -> None:

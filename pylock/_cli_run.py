@@ -391,21 +391,44 @@ def _conflict(call: Invocation, message: str, timed_out: bool) -> NoReturn:
 
 
 def _open_or_exit(path: str, create: bool) -> int:
+    """A read-only descriptor for a record-less lock on path (created with -u, as flock(1))."""
     from ._cli_fdlock import open_existing
 
     try:
+        fd = -1
         if create:
-            flags = os.O_RDONLY | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_CREAT
+            # O_NONBLOCK: a FIFO at the path must not hang the open.
+            flags = os.O_RDONLY | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
             try:
-                return os.open(path, flags, 0o666)
+                fd = os.open(path, flags | os.O_CREAT, 0o666)
+                os.set_blocking(fd, True)  # the command shares this open file description
             except (IsADirectoryError, FileExistsError):
                 pass
             except OSError as exc:
                 if exc.errno != errno.ELOOP:
                     raise
-        return open_existing(path)
+        if fd < 0:
+            fd = open_existing(path)
     except OSError as exc:
         _open_failed(path, exc)
+    _refuse_network_filesystem(path, fd)
+    return fd
+
+
+def _refuse_network_filesystem(path: str, fd: int) -> None:
+    """As pylock.Lock refuses them: flock there is emulated or local to one client."""
+    from . import _fs
+    from ._errors import UnsafeFilesystem
+    from ._native import ffi, lib
+
+    fs = ffi.new("pl_fs_info *")
+    if lib.pl_fs_stat(fd, fs) != 0:
+        return
+    name = _fs.network_filesystem(fs.magic, fs.remote, ffi.string(fs.name).decode())
+    if name is not None:
+        os.close(fd)
+        _say(str(UnsafeFilesystem(path, name)))
+        raise Exit(EX_NOINPUT)
 
 
 def _open_failed(path: str, exc: OSError) -> NoReturn:

@@ -102,6 +102,12 @@ def test_directories_and_devices_are_locked_without_a_record(tmp_path: Path) -> 
     assert (out.returncode, out.stderr) == (0, "")
     out = cli("run", "-n", f"{directory}/", "true")
     assert (out.returncode, out.stderr) == (0, "")
+    # A FIFO nobody writes to: flock(1) hangs opening it; pylock never hangs.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for args in (["-n"], ["-u"], ["-s", "-w", "1"]):
+        out = cli("run", *args, str(fifo), "true", timeout=30)
+        assert (out.returncode, out.stderr) == (0, ""), args
 
 
 def test_symlinked_lock_path_is_refused(tmp_path: Path) -> None:

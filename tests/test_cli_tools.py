@@ -192,6 +192,27 @@ def test_wait_exit_every_pid() -> None:
     assert cli("wait-exit", str(first.pid)).returncode == 0  # gone already
 
 
+def test_wait_exit_ctrl_c_is_a_sigint_death() -> None:
+    target = subprocess.Popen(["sleep", "1000"])
+    waiter = subprocess.Popen(
+        [PYLOCK, "wait-exit", str(target.pid)],
+        env=cli_env(),
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _waiting_on_a_pidfd(waiter.pid):
+            assert time.monotonic() < deadline, "wait-exit never started waiting"
+            time.sleep(0.005)  # re-reading kernel state, not standing in for a signal
+        os.killpg(waiter.pid, signal.SIGINT)
+        _, err = waiter.communicate(timeout=30)
+        assert (waiter.returncode, err) == (-signal.SIGINT, b"")
+    finally:
+        target.kill()
+        target.wait()
+
+
 def test_wait_exit_refuses_a_thread_id() -> None:
     code = "import threading,os;e=threading.Event();threading.Thread(target=lambda:(print(threading.get_native_id(),flush=True),e.wait())).start();input()"  # noqa: E501
     proc = subprocess.Popen(

@@ -18,19 +18,96 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._errors import LockHeld
+from ._cli_args import UsageError
+from ._errors import LockError, LockHeld
 
 DEFAULT_TTL = 10
+EX_UNAVAILABLE = 69  # etcd unreachable or refusing, or the etcd extra missing
+
+
+class Unavailable(Exception):
+    """etcd cannot be used: said in one line, exit 69."""
 
 
 def _lock(endpoints: str, name: str, ttl: int, info: dict[str, Any] | None = None) -> Any:
     try:
         from .etcd import EtcdLock
     except ImportError as exc:
-        raise SystemExit(
-            f"pylock: --etcd needs the etcd extra (pip install 'pylock-kernel[etcd]'): {exc}"
+        raise Unavailable(
+            f"--etcd needs the etcd extra (pip install 'pylock-kernel[etcd]'): {exc}"
         ) from None
-    return EtcdLock(name, endpoints=endpoints, ttl=ttl, info=info)
+    try:
+        return EtcdLock(name, endpoints=endpoints, ttl=ttl, info=info)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def ttl_seconds(text: str) -> int:
+    """--ttl: whole seconds, at least 1."""
+    stripped = text.strip()
+    if not stripped.isdigit() or int(stripped) < 1:
+        raise UsageError(f"invalid TTL: '{text}' (whole seconds, at least 1)")
+    return int(stripped)
+
+
+def main_run(call: Any) -> int:
+    """pylock run --etcd ENDPOINTS [options] NAME -- COMMAND, from _cli_run's Invocation."""
+    opts = call.opts
+    if opts["mode"] != "exclusive" or opts["fd"] is not None or opts["no_fork"]:
+        raise UsageError("--etcd takes an exclusive lock by NAME: no -s, -u, --fd or -F")
+    if opts.get("takeover") is not None:
+        raise UsageError("--takeover goes with lock files, not --etcd")
+    if call.path is None or not call.command:
+        raise UsageError("--etcd needs a NAME and a COMMAND (pylock run --etcd EP NAME -- CMD)")
+    try:
+        return run(
+            opts["etcd"],
+            call.path,
+            call.command,
+            nonblock=call.nonblock,
+            timeout=call.timeout,
+            conflict_exit_code=call.conflict_exit,
+            quiet=call.quiet,
+            ttl=opts["ttl"] or DEFAULT_TTL,
+            info=opts["info"],
+        )
+    except (Unavailable, LockError) as exc:
+        _say(str(exc))
+        return EX_UNAVAILABLE
+
+
+def main_who(endpoints: str, names: Sequence[str], *, as_json: bool) -> int:
+    """pylock who --etcd ENDPOINTS [--json] NAME...: 0 all held, 1 some free, 69 etcd down."""
+    try:
+        found = [(name, _lock(endpoints, name, DEFAULT_TTL)) for name in names]
+        reports = [(lock.path, name, lock.holder()) for name, lock in found]
+    except (Unavailable, LockError) as exc:
+        _say(str(exc))
+        return EX_UNAVAILABLE
+    if as_json:
+        doc = [
+            {
+                "path": path,
+                "name": name,
+                "held": holder is not None,
+                "holders": [] if holder is None else [holder_json(holder)],
+            }
+            for path, name, holder in reports
+        ]
+        print(json.dumps(doc, indent=2))
+    else:
+        for path, _, holder in reports:
+            if holder is None:
+                print(f"{path}: free")
+                continue
+            print(f"{path}: held by {holder.describe()}")
+            if holder.info:
+                print(f"  info: {json.dumps(holder.info)}")
+    return 0 if all(holder is not None for _, _, holder in reports) else 1
+
+
+def _say(text: str) -> None:
+    print(f"pylock: {text}", file=sys.stderr, flush=True)
 
 
 def run(
@@ -53,9 +130,9 @@ def run(
             lock.acquire(blocking=False)
         else:
             lock.acquire(timeout=timeout)
-    except LockHeld as exc:
+    except LockHeld as exc:  # LockTimeout too
         if not quiet:
-            print(f"pylock: {exc}", file=sys.stderr)
+            _say(str(exc))
         return conflict_exit_code
     try:
         child = subprocess.Popen(list(command))
@@ -64,11 +141,9 @@ def run(
         raise
 
     def on_lost(_: object) -> None:
-        print(
-            f"pylock: lost the etcd lock {name!r} while '{command[0]}' ran (another host "
-            "may hold it now): sending it SIGTERM",
-            file=sys.stderr,
-            flush=True,
+        _say(
+            f"lost the etcd lock {name!r} while '{command[0]}' ran (another host "
+            "may hold it now): sending it SIGTERM"
         )
         if child.poll() is None:
             child.terminate()
@@ -105,18 +180,3 @@ def holder_json(holder: Any) -> dict[str, Any]:
         "fencing_token": holder.fencing_token,
         "key": holder.key.decode("utf-8", "replace"),
     }
-
-
-def who(endpoints: str, name: str, *, as_json: bool = False) -> int:
-    """Say who holds the etcd lock name: exit 0 when held, 1 when free."""
-    lock = _lock(endpoints, name, DEFAULT_TTL)
-    holder = lock.holder()
-    if as_json:
-        print(json.dumps([] if holder is None else [holder_json(holder)], indent=2))
-    elif holder is None:
-        print(f"{lock.path}: free")
-    else:
-        print(f"{lock.path}: held by {holder.describe()}")
-        if holder.info:
-            print(f"  info: {json.dumps(holder.info)}")
-    return 0 if holder is not None else 1

@@ -94,6 +94,15 @@ OPTIONS: list[Option] = [
     Option("", ("length",), "fcntl", "refused: no byte ranges", str, metavar="N"),
     Option("h", ("help",), "help", "show this help and exit"),
     Option("V", ("version",), "version", "show pylock's version and exit"),
+    Option(
+        "",
+        ("etcd",),
+        "etcd",
+        "lock NAME in the etcd cluster at ENDPOINTS (host:port,...) instead of a file",
+        str,
+        metavar="ENDPOINTS",
+    ),
+    Option("", ("ttl",), "ttl", "the etcd lease's TTL (default 10)", str, metavar="SECS"),
 ]
 
 DEFAULTS: dict[str, Any] = {
@@ -112,6 +121,8 @@ DEFAULTS: dict[str, Any] = {
     "fcntl": None,
     "help": False,
     "version": False,
+    "etcd": None,
+    "ttl": None,
 }
 
 USAGE = """\
@@ -122,6 +133,7 @@ Usage:
  pylock run [options] NUMBER
  pylock run [options] --fd NUMBER [COMMAND [ARG...] | -c COMMAND_STRING]
  pylock run --takeover GRACE FILE [--] COMMAND [ARG...]
+ pylock run --etcd ENDPOINTS [--ttl SECS] [options] NAME [--] COMMAND [ARG...]
 
 Run a command holding a lock, exactly as util-linux flock(1) does: the same
 options, exit codes and process behaviour (the command inherits the locked
@@ -153,6 +165,14 @@ class Invocation:
         self.version = bool(opts["version"])
         if self.help or self.version:
             return
+        if opts["etcd"] is not None:  # NAME [--] COMMAND..., or NAME -c STRING
+            from ._cli_etcd import ttl_seconds
+
+            opts["ttl"] = None if opts["ttl"] is None else ttl_seconds(opts["ttl"])
+            self.etcd_names(rest)
+            return
+        if opts["ttl"] is not None:
+            raise UsageError("--ttl goes with --etcd")
         if opts["fcntl"] is not None:
             raise UsageError(
                 "--fcntl, --start and --length are not supported: pylock locks whole "
@@ -200,6 +220,17 @@ class Invocation:
             raise UsageError("--takeover takes an exclusive lock at once: no -s, -u, -o or -w")
         self.no_fork = True
         self.nonblock = True  # a holder that cannot be verified is a conflict, not a wait
+
+    def etcd_names(self, rest: list[str]) -> None:
+        opts = self.opts
+        timeout: float | None = opts["timeout"]
+        self.nonblock = bool(opts["nonblock"]) or timeout == 0
+        self.timeout = None if self.nonblock else timeout
+        self.conflict_exit = opts["conflict_exit"]
+        self.quiet = bool(opts["quiet"])
+        self.path = rest[0] if rest else None
+        self.command = None
+        self._command_from(rest[1:], opts["command"])
 
     def _command_from(self, words: list[str], shell_command: str | None) -> None:
         if shell_command is not None:
@@ -250,6 +281,10 @@ def main(argv: Sequence[str]) -> int:
 
         print_version()
         return 0
+    if call.opts["etcd"] is not None:
+        from ._cli_etcd import main_run
+
+        return main_run(call)
     try:
         return _run(call)
     except Exit as done:

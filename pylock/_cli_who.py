@@ -20,11 +20,13 @@ OPTIONS = [
     Option("a", ("all",), "all", "every process holding the file (inherited descriptors too)"),
     Option("", ("json",), "json", "print JSON: one object per PATH"),
     Option("h", ("help",), "help", "show this help and exit"),
+    Option("", ("etcd",), "etcd", "NAMEs are etcd locks at ENDPOINTS", str, metavar="ENDPOINTS"),
 ]
 
 USAGE = """\
 Usage:
  pylock who [--all] [--json] PATH...
+ pylock who --etcd ENDPOINTS [--json] NAME...
 
 Say whether each lock is free or held, and by whom: pid, program, host,
 since when and for how long, and whether the kernel verified it (or why
@@ -44,7 +46,8 @@ class PathProblem(Exception):
 
 
 def main(argv: Sequence[str]) -> int:
-    opts, paths = parse(OPTIONS, argv, {"all": False, "json": False, "help": False})
+    defaults = {"all": False, "json": False, "help": False, "etcd": None}
+    opts, paths = parse(OPTIONS, argv, defaults)
     if opts["help"]:
         from ._cli import print_help
 
@@ -52,6 +55,10 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if not paths:
         raise UsageError("no PATH given")
+    if opts["etcd"] is not None:
+        from ._cli_etcd import main_who
+
+        return main_who(opts["etcd"], paths, as_json=bool(opts["json"]))
     reports = []
     status = 0
     for path in paths:

@@ -47,17 +47,25 @@ def fmt(us: float) -> str:
     return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
 
 
-def timed(trials: int, pair: Callable[[], None]) -> list[int]:
-    pair()  # warm: connection, lazy imports
-    samples = []
-    for _ in range(trials):
-        start = now()
-        pair()
-        samples.append(now() - start)
+def interleaved(
+    trials: int, pairs: dict[str, Callable[[], None]], rounds: int = 10
+) -> dict[str, list[int]]:
+    """Each pair timed trials times, in rounds that alternate between them, so a
+    change of machine load during the run weighs on all of them alike."""
+    for pair in pairs.values():
+        pair()  # warm: connection, lazy imports
+    samples: dict[str, list[int]] = {name: [] for name in pairs}
+    per_round = max(1, trials // rounds)
+    for _ in range(rounds):
+        for name, pair in pairs.items():
+            for _ in range(per_round):
+                start = now()
+                pair()
+                samples[name].append(now() - start)
     return samples
 
 
-def etcd_floor(endpoints: str, trials: int) -> list[int]:
+def etcd_floor(endpoints: str) -> Callable[[], None]:
     from aetcd import rpc
 
     from pylock._etcd_client import etcd_loop, normalize_endpoints, prefix_end, run_blocking
@@ -93,7 +101,7 @@ def etcd_floor(endpoints: str, trials: int) -> list[int]:
         )
         await cluster.lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=grant.ID), timeout=5)
 
-    return timed(trials, lambda: run_blocking(four_requests()))
+    return lambda: run_blocking(four_requests())
 
 
 WAITER = """
@@ -182,11 +190,15 @@ def main() -> int:
                 etcd.acquire()
                 etcd.release()
 
-            rows.append(("uncontended, Lock (flock)", timed(args.trials, flock_pair)))
-            rows.append(("uncontended, EtcdLock", timed(args.trials, etcd_pair)))
-            rows.append(
-                ("uncontended, etcd floor (4 requests)", etcd_floor(endpoints, args.trials))
+            uncontended = interleaved(
+                args.trials,
+                {
+                    "uncontended, Lock (flock)": flock_pair,
+                    "uncontended, EtcdLock": etcd_pair,
+                    "uncontended, etcd floor (4 requests)": etcd_floor(endpoints),
+                },
             )
+            rows.extend(uncontended.items())
             holder = EtcdLock("bench-handoff", endpoints=endpoints, ttl=10)
             rows.append(
                 ("handoff, Lock (flock)", handoff("flock", flock, path, args.handoff_trials, rng))

@@ -9,16 +9,18 @@ which turns that skip into a failure: CI never skips them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import select
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support.etcd import etcd_available
+from tests.support.etcd import EtcdCluster, etcd_available
 from tests.support.procs import Script
 
 
@@ -41,6 +43,27 @@ def require_etcd() -> None:
     if os.environ.get("PYLOCK_REQUIRE_ETCD") == "1":
         pytest.fail(f"PYLOCK_REQUIRE_ETCD=1 but {reason}")
     pytest.skip(reason)
+
+
+class RunningCluster:
+    """A cluster started outside the tests: only its endpoints are known."""
+
+    def __init__(self, endpoints: str) -> None:
+        self.endpoints = [e.strip() for e in endpoints.split(",")]
+        self.endpoint_list = ",".join(self.endpoints)
+
+
+@contextlib.contextmanager
+def etcd_for_tests() -> Iterator[Any]:
+    """The etcd a test module's non-destructive tests share: the running cluster
+    PYLOCK_ETCD_ENDPOINTS names, or a single node started here."""
+    require_etcd()
+    running = os.environ.get("PYLOCK_ETCD_ENDPOINTS")
+    if running:
+        yield RunningCluster(running)
+        return
+    with EtcdCluster(1) as cluster:
+        yield cluster
 
 
 # A child holding an etcd lock, driven by lines on stdin: "acquire", "release",

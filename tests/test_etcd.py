@@ -21,7 +21,13 @@ import pytest
 
 import pylock
 from pylock import LockHeld, LockTimeout, NotHeld, ReentrantAcquire, SupportsLock
-from tests.etcd_helpers import contenders, expect_line, holder_process, require_etcd
+from tests.etcd_helpers import (
+    contenders,
+    etcd_for_tests,
+    expect_line,
+    holder_process,
+    require_etcd,
+)
 from tests.support import env_with_repo
 from tests.support.etcd import EtcdCluster
 
@@ -39,9 +45,9 @@ def _end_etcd_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def etcd() -> Iterator[EtcdCluster]:
-    """One etcd node for the module; tests use distinct lock names."""
-    require_etcd()
-    with EtcdCluster(1) as cluster:
+    """One etcd for the module (tests use distinct lock names): started here, or
+    the running cluster PYLOCK_ETCD_ENDPOINTS names (.ci/run sets it)."""
+    with etcd_for_tests() as cluster:
         yield cluster
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.etcd_helpers import contenders, expect_line, require_etcd
+from tests.etcd_helpers import contenders, etcd_for_tests, expect_line, require_etcd
 from tests.support import env_with_repo
 from tests.support.etcd import EtcdCluster
 from tests.support.procs import Script
@@ -20,8 +20,7 @@ from tests.support.procs import Script
 
 @pytest.fixture(scope="module")
 def etcd() -> Iterator[EtcdCluster]:
-    require_etcd()
-    with EtcdCluster(1) as cluster:
+    with etcd_for_tests() as cluster:
         yield cluster
 
 

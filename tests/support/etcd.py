@@ -3,13 +3,12 @@
 Each member gets its own data directory and free ports and is stopped (and
 its directory removed) on close.  Also a command for CI and the benchmarks:
 ``python -m tests.support.etcd --members 3`` prints the endpoints and runs
-until stdin closes or it is terminated.
+until SIGTERM, SIGINT or SIGHUP, then stops its members.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import signal
@@ -156,11 +155,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--members", type=int, default=1)
     args = parser.parse_args()
+    stop = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # taken by sigwait below, never lost
     with EtcdCluster(args.members) as cluster:
         print(cluster.endpoint_list, flush=True)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        with contextlib.suppress(KeyboardInterrupt):
-            sys.stdin.read()
+        signal.sigwait(stop)
     return 0
 
 

@@ -137,6 +137,7 @@ class Cluster:
             rpc.StatusCode.PERMISSION_DENIED,
             rpc.StatusCode.UNAUTHENTICATED,
             rpc.StatusCode.FAILED_PRECONDITION,
+            rpc.StatusCode.NOT_FOUND,  # a lease that expired already
         ):
             return EtcdRefused(f"etcd at {','.join(self.endpoints)} refused: {exc.details()}")
         return self.unavailable(exc)

@@ -70,22 +70,24 @@ def etcd_for_tests() -> Iterator[Any]:
 # "lost" (prints "lost True|False").  Its on_lost callback prints "on_lost".
 HOLDER = textwrap.dedent(
     """
-    import sys
+    import os, sys
     from pylock.etcd import EtcdLock
+    def say(*words):  # one write per line: on_lost speaks from another thread
+        os.write(1, (" ".join(map(str, words)) + "\\n").encode())
     endpoints, name, ttl = sys.argv[1], sys.argv[2], int(sys.argv[3])
     lock = EtcdLock(name, endpoints=endpoints, ttl=ttl, info={"role": "holder"},
-                    on_lost=lambda lock: print("on_lost", flush=True))
-    print("ready", flush=True)
+                    on_lost=lambda lock: say("on_lost"))
+    say("ready")
     for line in sys.stdin:
         word = line.strip()
         if word == "acquire":
             lock.acquire()
-            print("locked", lock.fencing_token, flush=True)
+            say("locked", lock.fencing_token)
         elif word == "release":
             lock.release()
-            print("released", flush=True)
+            say("released")
         elif word == "lost":
-            print("lost", lock.lost, flush=True)
+            say("lost", lock.lost)
     """
 )
 

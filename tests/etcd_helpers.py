@@ -45,6 +45,15 @@ def require_etcd() -> None:
     pytest.skip(reason)
 
 
+def end_etcd_thread() -> None:
+    """The rest of the suite checks that pylock leaves no threads of its own:
+    end the etcd thread a module's in-process locks started."""
+    if "pylock._etcd_client" in sys.modules:
+        from pylock._etcd_client import shutdown
+
+        shutdown()
+
+
 class RunningCluster:
     """A cluster started outside the tests: only its endpoints are known."""
 

@@ -23,6 +23,7 @@ import pylock
 from pylock import LockHeld, LockTimeout, NotHeld, ReentrantAcquire, SupportsLock
 from tests.etcd_helpers import (
     contenders,
+    end_etcd_thread,
     etcd_for_tests,
     expect_line,
     holder_process,
@@ -34,13 +35,8 @@ from tests.support.etcd import EtcdCluster
 
 @pytest.fixture(scope="module", autouse=True)
 def _end_etcd_thread() -> Iterator[None]:
-    """The rest of the suite checks that pylock leaves no threads of its own:
-    end the etcd thread this module's in-process locks started."""
     yield
-    if "pylock._etcd_client" in sys.modules:
-        from pylock._etcd_client import shutdown
-
-        shutdown()
+    end_etcd_thread()
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,22 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.etcd_helpers import contenders, etcd_for_tests, expect_line, require_etcd
+from tests.etcd_helpers import (
+    contenders,
+    end_etcd_thread,
+    etcd_for_tests,
+    expect_line,
+    require_etcd,
+)
 from tests.support import env_with_repo
 from tests.support.etcd import EtcdCluster
 from tests.support.procs import Script
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _end_etcd_thread() -> Iterator[None]:
+    yield
+    end_etcd_thread()
 
 
 @pytest.fixture(scope="module")

@@ -58,11 +58,11 @@ def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'pylock' has no attribute {name!r}")
-    from importlib import import_module
-
+    # __import__, not importlib.import_module: importlib itself costs an import.
     if not module:
-        return import_module(f"{__name__}.{name}")
-    value = getattr(import_module(f"{__name__}.{module}"), name)
+        __import__(f"{__name__}.{name}")
+        return globals()[name]  # the import system set it as an attribute
+    value = getattr(__import__(f"{__name__}.{module}", fromlist=[name]), name)
     globals()[name] = value
     return value
 

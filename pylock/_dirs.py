@@ -89,9 +89,16 @@ def runtime_dir() -> str:
 
     PYLOCK_RUNTIME_DIR if set, else $XDG_RUNTIME_DIR/pylock, else a private
     directory pylock-<uid> in the temporary directory.  Every choice is
-    checked: owned by this user, not group- or world-writable.
+    checked: owned by this user, not group- or world-writable.  On Windows:
+    %LOCALAPPDATA%\\pylock.
     """
     chosen = os.environ.get(ENV_RUNTIME)
+    if os.name == "nt":
+        # The per-user profile is private to its user already.
+        local = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~")
+        path = os.path.abspath(chosen) if chosen else os.path.join(local, "pylock")
+        os.makedirs(path, exist_ok=True)
+        return path
     if chosen:
         path = os.path.abspath(chosen)
     else:
@@ -102,9 +109,6 @@ def runtime_dir() -> str:
             import tempfile
 
             path = os.path.join(tempfile.gettempdir(), f"pylock-{os.geteuid()}")
-    if os.name == "nt":
-        os.makedirs(path, exist_ok=True)  # per-user profile directories on Windows
-        return path
     _make_dir(path, 0o700)
     return check_private(path)
 
@@ -117,10 +121,15 @@ def port_dir() -> str:
     Refused when it is a symlink or writable by others without the sticky bit.
     """
     chosen = os.environ.get(ENV_PORTS)
-    path = os.path.abspath(chosen) if chosen else DEFAULT_PORT_DIR
     if os.name == "nt":
+        path = (
+            os.path.abspath(chosen)
+            if chosen
+            else os.path.join(os.environ.get("PROGRAMDATA", r"C:\ProgramData"), "pylock", "ports")
+        )
         os.makedirs(path, exist_ok=True)
         return path
+    path = os.path.abspath(chosen) if chosen else DEFAULT_PORT_DIR
     try:
         _make_dir(path, 0o1777)
     except OSError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import sys
 from typing import Any, NamedTuple
 
 from ._dirs import port_dir
@@ -152,9 +153,7 @@ def bind_port(
     sock.port_lock = lock
     try:
         if protocol == "tcp":
-            # Lets a restarted server bind past its predecessor's TIME_WAIT
-            # connections; a live listener still refuses the bind.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            _reuse_address(sock)
         try:
             sock.bind((host, port))
         except OSError as exc:
@@ -169,6 +168,16 @@ def bind_port(
         sock.close()
         raise
     return sock
+
+
+def _reuse_address(sock: socket.socket) -> None:
+    if sys.platform == "win32":
+        # Windows' SO_REUSEADDR would let the bind steal a live port.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
+    else:
+        # Lets a restarted server bind past its predecessor's TIME_WAIT
+        # connections; a live listener still refuses the bind.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 
 
 def _socket_inodes(port: int, protocol: str) -> dict[int, int]:
@@ -197,7 +206,11 @@ def _pids_with_sockets(inodes: set[int]) -> dict[int, list[int]]:
     """inode -> pids holding a descriptor on that socket (those pylock may look at)."""
     targets = {f"socket:[{inode}]": inode for inode in inodes}
     found: dict[int, list[int]] = {inode: [] for inode in inodes}
-    for name in os.listdir("/proc"):
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
         if not name.isdigit():
             continue
         fd_dir = f"/proc/{name}/fd"

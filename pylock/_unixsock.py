@@ -118,6 +118,8 @@ def claim_unix_socket(
     other's fresh socket.
     """
     path = os.path.abspath(os.fspath(path))
+    if not hasattr(socket, "AF_UNIX"):
+        raise LockError(f"cannot claim {path}: this platform's Python has no unix sockets")
     try:
         before: os.stat_result | None = os.lstat(path)
     except FileNotFoundError:

@@ -59,7 +59,7 @@ done
 # the same files csrc/_ffi_build.py compiles there (every symbol resolves in
 # libSystem, none is defined twice); they run on a Mac in
 # .github/workflows/test.yml.
-MACOS_CORE=(csrc/claim.c csrc/lock_posix.c csrc/wait_posix.c csrc/proc_macos.c csrc/proc_posix.c csrc/sigchld_posix.c)
+read -r -a MACOS_CORE <<< "$(python3 csrc/sources.py darwin | sed 's#[^ ]*#csrc/&#g')"
 for target in $TARGETS; do
     case "$target" in *-macos) ;; *) continue ;; esac
     for test in csrc/tests/test_proc_macos.c csrc/tests/test_lock_posix.c; do
@@ -83,7 +83,7 @@ if [[ " $TARGETS " == *" aarch64-macos "* ]] && [ -f "${sym_objs[0]}" ]; then
     for sym in pl_identity_of pl_proc_open pl_proc_wait pl_proc_returncode pl_sigchld_open \
                pl_lock_wait pl_waiter_cancel pl_wake_signal; do
         # Mach-O symbol names carry a leading underscore.
-        if ! LC_ALL=C cat "${sym_objs[@]}" | LC_ALL=C grep -a -q "_$sym"; then
+        if ! LC_ALL=C grep -a -q "_$sym" "${sym_objs[@]}"; then
             echo "macos-check: $sym missing from the macOS object" >&2
             failed=$((failed + 1))
         fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Windows C core: cross-compile claim.c, win_lock.c and win_proc.c with mingw-w64
+# Windows C core: cross-compile the Windows sources (csrc/sources.py) with mingw-w64
 # (warnings are errors) together with csrc/tests/test_win.c, and run the
 # test program under Wine in a fresh prefix.  Also compile-checks the core
 # for x86_64 and ARM64 Windows with zig's clang when the ziglang package is
@@ -16,6 +16,7 @@ if [ -z "$PY" ]; then
     if [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
 fi
 CFLAGS=(-O2 -Wall -Wextra -Werror -I"$CSRC")
+WIN_SOURCES=$(python3 "$CSRC/sources.py" win32)
 
 if ! command -v "$CC" >/dev/null || ! command -v wine >/dev/null; then
     echo "windows: installing mingw-w64 and wine"
@@ -35,19 +36,19 @@ trap cleanup EXIT
 
 echo "windows: compiling the core (mingw-w64, C11 and GNU C, -Werror)"
 for std in -std=c11 -std=gnu11; do
-    for src in claim.c win_lock.c win_proc.c; do
+    for src in $WIN_SOURCES; do
         "$CC" "$std" "${CFLAGS[@]}" -c "$CSRC/$src" -o "$WORK/${src%.c}.o"
     done
 done
 "$CC" -municode "${CFLAGS[@]}" -o "$WORK/test_win.exe" \
-    "$CSRC/tests/test_win.c" "$CSRC/claim.c" "$CSRC/win_lock.c" "$CSRC/win_proc.c"
+    "$CSRC/tests/test_win.c" $(for s in $WIN_SOURCES; do printf '%s ' "$CSRC/$s"; done)
 
 # Every function of the cffi cdef must be defined by the Windows objects
 # (their bodies sit under #ifdef _WIN32, so an empty file would compile).
 want=$(sed -n '/CDEF-BEGIN/,/CDEF-END/p' "$CSRC/pylock.h" "$CSRC/pylock_proc.h" |
     grep -oE '\bpl_[a-z_]+\(' | tr -d '(' | sort -u)
-have=$(x86_64-w64-mingw32-nm -g --defined-only "$WORK/claim.o" "$WORK/win_lock.o" \
-    "$WORK/win_proc.o" | awk '$2 == "T" {print $3}' | sort -u)
+have=$(for src in $WIN_SOURCES; do echo "$WORK/${src%.c}.o"; done |
+    xargs x86_64-w64-mingw32-nm -g --defined-only | awk '$2 == "T" {print $3}' | sort -u)
 missing=$(comm -23 <(echo "$want") <(echo "$have"))
 if [ -n "$missing" ]; then
     echo "windows: the Windows core does not define: $missing" >&2
@@ -74,7 +75,7 @@ if [ "$zig_ok" = 1 ]; then
     for target in x86_64-windows-gnu aarch64-windows-gnu; do
         echo "windows: compiling the core for $target (zig $("$PY" -m ziglang version), -Werror)"
         for std in -std=c11 -std=gnu11; do
-            for src in claim.c win_lock.c win_proc.c; do
+            for src in $WIN_SOURCES; do
                 "$PY" -m ziglang cc -target "$target" "$std" "${CFLAGS[@]}" -c "$CSRC/$src" \
                     -o "$WORK/$target-${src%.c}.o"
             done

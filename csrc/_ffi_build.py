@@ -16,15 +16,13 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADERS = ["pylock.h", "pylock_proc.h"]
-# Each platform compiles its own files (each is also wrapped in its #if).
-if sys.platform == "win32":
-    SOURCES = ["claim.c", "win_lock.c", "win_proc.c"]
-elif sys.platform == "darwin":
-    SOURCES = ["claim.c", "lock_posix.c", "wait_posix.c", "proc_macos.c", "proc_posix.c"]
-    SOURCES += ["sigchld_posix.c"]
-else:
-    SOURCES = ["claim.c", "lock_posix.c", "wait_posix.c", "proc_linux.c", "proc_posix.c"]
-    SOURCES += ["sigchld_posix.c"]
+# Each platform compiles its own files (each is also wrapped in its #if),
+# listed once in sources.py.
+sys.path.insert(0, HERE)
+from sources import for_platform  # noqa: E402
+
+SOURCES = for_platform(sys.platform)
+del sys.path[0]
 
 
 def _cdef_of(header: str) -> str:

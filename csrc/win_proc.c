@@ -17,32 +17,12 @@
  * clock.  Python treats another boot_id as another boot, so it must not
  * move while the system runs.
  */
+#include "pl_win_internal.h"
 #include "pylock_proc.h"
 
 #ifdef _WIN32
 
-#if !defined(_WIN32_WINNT) || _WIN32_WINNT < 0x0602
-#undef _WIN32_WINNT
-#define _WIN32_WINNT 0x0602
-#endif
-#ifndef WIN32_LEAN_AND_MEAN
-#define WIN32_LEAN_AND_MEAN
-#endif
-#include <windows.h>
-
-#include <errno.h>
 #include <stdio.h>
-#include <string.h>
-
-/* From win_lock.c. */
-int pl_win_errno(DWORD err);
-HANDLE pl_win_cancel_event(pl_waiter *w);
-int pl_win_wait(HANDLE obj, HANDLE cancel, int64_t timeout_ns);
-
-static HANDLE as_handle(pl_handle h)
-{
-    return (HANDLE)(intptr_t)h;
-}
 
 static int valid_pid(int64_t pid)
 {

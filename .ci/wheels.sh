@@ -180,7 +180,7 @@ print("python %d.%d: pylock from %s locks and refuses" % (sys.version_info[:2] +
 say "fresh venv on CPython $test_minor (built on $build_minor): test suite outside the source tree"
 "$TEST_PY" -m venv "$WORK/venv-test"
 VPY="$WORK/venv-test/bin/python"
-quiet_pip "$VPY" -m pip install --quiet "$REPAIRED" pytest
+quiet_pip "$VPY" -m pip install --quiet "$REPAIRED" pytest hypothesis
 RUN="$WORK/run"
 mkdir -p "$RUN"
 # From the snapshot the wheel was built from, so tests and code match.

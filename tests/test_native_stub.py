@@ -8,9 +8,18 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from pylock._native import lib
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The wheel check runs the suite against an installed wheel, from a copy of
+# tests/ without the sources: there is nothing to compare with then.
+pytestmark = pytest.mark.skipif(
+    not (ROOT / "csrc" / "pylock.h").exists() or not (ROOT / "pylock" / "_native.pyi").exists(),
+    reason="needs a checkout (csrc/ and pylock/_native.pyi)",
+)
 
 
 def cdef_functions() -> dict[str, int]:

@@ -110,13 +110,16 @@ static size_t format_stamp(char *out, uint64_t us)
     return len;
 }
 
+static const char record_magic[] = "pylock-record v1 ";
+#define MAGIC_LEN (sizeof record_magic - 1)
+
 /* "pylock-record v1 <len> <crc as 8 hex digits>\n" into out; its length. */
 static size_t format_header(char *out, size_t payload_len, uint32_t crc)
 {
-    static const char magic[] = "pylock-record v1 ", hex[] = "0123456789abcdef";
+    static const char hex[] = "0123456789abcdef";
     char digits[24];
-    size_t n = 0, len = sizeof magic - 1;
-    memcpy(out, magic, len);
+    size_t n = 0, len = MAGIC_LEN;
+    memcpy(out, record_magic, len);
     do {
         digits[n++] = (char)('0' + payload_len % 10);
         payload_len /= 10;
@@ -130,7 +133,9 @@ static size_t format_header(char *out, size_t payload_len, uint32_t crc)
     return len;
 }
 
-static int write_record(pl_handle h, const char *head, size_t head_len, uint32_t head_crc)
+/* Writes the record; *written gets its length. */
+static int write_record(pl_handle h, const char *head, size_t head_len, uint32_t head_crc,
+                        size_t *written)
 {
     char stamp[32], header[64], small[1024];
     size_t stamp_len = format_stamp(stamp, now_us());
@@ -148,7 +153,25 @@ static int write_record(pl_handle h, const char *head, size_t head_len, uint32_t
     rc = pl_write_record(h, buf, total);
     if (buf != small)
         free(buf);
+    *written = total;
     return rc;
+}
+
+/* Whether the record may go into this file: it is empty, or starts with a
+ * pylock record.  Any other file is someone's data and is never written.
+ * Size 0 and the size this lock file's own last record left are answered
+ * without a read (the uncontended path); otherwise the first bytes tell. */
+static int record_allowed(const pl_lockfile *lf, uint64_t size)
+{
+    char first[MAGIC_LEN];
+    size_t got = 0;
+    if (size == 0 || size == lf->record_size)
+        return 1;
+    if (size < MAGIC_LEN)
+        return 0;
+    if (pl_read_record(lf->handle, first, sizeof first, &got) != 0 || got != sizeof first)
+        return 0;
+    return memcmp(first, record_magic, sizeof first) == 0;
 }
 
 /* Whether the locked file is still the file at the path: linked, same
@@ -159,29 +182,40 @@ static int write_record(pl_handle h, const char *head, size_t head_len, uint32_t
  * inode proves it linked; lf->st holds the file's identity from its open.
  * Windows passes no path (an open lock file cannot be renamed there) and
  * asks the handle, which reports a deleted file as having no links. */
-static int still_at_path(pl_lockfile *lf, int *err)
+static int still_at_path(pl_lockfile *lf, uint64_t *size, int *err)
 {
     *err = 0;
 #if !defined(_WIN32)
     if (lf->path != NULL)
-        return pl__same_file_at(lf->path, &lf->st);
+        return pl__same_file_at(lf->path, &lf->st, size);
 #endif
     *err = pl_file_stat(lf->handle, &lf->st);
+    *size = lf->st.size;
     return *err == 0 && lf->st.nlink > 0;
 }
 
 int pl_claim(pl_lockfile *lf)
 {
     int err;
+    uint64_t size = 0;
+    size_t written = 0;
     lf->record_error = 0;
-    if (!still_at_path(lf, &err)) {
+    lf->foreign = 0;
+    if (!still_at_path(lf, &size, &err)) {
         pl_unlock(lf->handle);
         return err ? err : PL_E_UNLINKED;
     }
-    if (lf->head_len > 0)
-        lf->record_error = write_record(lf->handle, lf->head, lf->head_len, lf->head_crc);
-    else
+    if (lf->head_len == 0) {
         lf->record_error = lf->no_record_reason;
+    } else if (!record_allowed(lf, size)) {
+        lf->foreign = 1;
+    } else if (lf->no_record_reason) {
+        lf->record_error = lf->no_record_reason;
+    } else {
+        lf->record_error = write_record(lf->handle, lf->head, lf->head_len, lf->head_crc, &written);
+        if (lf->record_error == 0)
+            lf->record_size = size > written ? size : (uint64_t)written;
+    }
     return -lf->record_error;
 }
 

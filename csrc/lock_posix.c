@@ -230,19 +230,22 @@ int pl_file_stat(pl_handle h, pl_file_info *out)
     return 0;
 }
 
-int pl__same_file_at(const char *path, const pl_file_info *st)
+int pl__same_file_at(const char *path, const pl_file_info *st, uint64_t *size)
 {
     pl_file_info now;
     struct stat ps;
     memset(&now, 0, sizeof now);
 #ifdef HAVE_STATX
     int rc = statx_at(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, &now);
-    if (rc != ENOSYS && rc != EPERM)
+    if (rc != ENOSYS && rc != EPERM) {
+        *size = now.size;
         return rc == 0 && now.dev == st->dev && now.ino == st->ino;
+    }
 #endif
     if (lstat(path, &ps) != 0)
         return 0;
     from_stat(&ps, &now);
+    *size = now.size;
     return now.dev == st->dev && now.ino == st->ino;
 }
 

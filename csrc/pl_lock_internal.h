@@ -7,7 +7,8 @@
 
 #include "pylock.h"
 
-/* Whether path (not followed) names the file st describes. */
-int pl__same_file_at(const char *path, const pl_file_info *st);
+/* Whether path (not followed) names the file st describes; *size gets the
+ * file's size from the same lookup. */
+int pl__same_file_at(const char *path, const pl_file_info *st, uint64_t *size);
 
 #endif

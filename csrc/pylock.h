@@ -95,19 +95,28 @@ typedef struct {
                              the locked file (not checked on Windows, where an
                              open lock file cannot be renamed away silently) */
     const char *head;     /* the record's fixed part, ending '"acquired_at":' */
-    size_t head_len;      /* 0: write no record (shared or read-only locks) */
+    size_t head_len;      /* 0: write no record (shared or record-less locks) */
     uint32_t head_crc;    /* crc32(head), as zlib computes it */
     pl_file_info st;      /* the file's identity, from pl_file_stat after
                              opening it (refreshed by pl_claim on Windows) */
     int record_error;     /* set by pl_claim: errno of a failed record write */
-    int no_record_reason; /* with head_len 0: why no record can be written
-                             (a read-only file), reported like a failed write */
+    int no_record_reason; /* why no record can be written (a read-only
+                             descriptor): reported like a failed write, but only
+                             for a file a record would have gone into */
+    int foreign;          /* set by pl_claim: 1 when the file holds bytes that
+                             are not a pylock record, so nothing was written */
+    uint64_t record_size; /* the file's size after this lock file's last
+                             record write (0: none yet); kept by pl_claim, reset
+                             by whoever opens a new descriptor */
 } pl_lockfile;
 
 /* Once the lock is held: check that path still names the file in st
  * (else unlock and return PL_E_UNLINKED, so the caller reopens the path and
  * never holds an unlinked or renamed-away inode while others lock the file
- * now at the path), and write
+ * now at the path), and, only if the file is empty or already holds a
+ * pylock record (decided under the lock: the size from that same check, and
+ * the first bytes read only when the size is not the one this lock file's
+ * last record left), write
  * the holder record "pylock-record v1 <len> <crc32>\n" + head + the
  * current UTC time in seconds + "}".  A failed record write leaves the
  * lock held: then the result is the negated errno (also in record_error),

@@ -71,7 +71,9 @@ class LockFileError(LockError, OSError):
 
     def __init__(self, code: int, path: str, advice: str = ""):
         # The C core's own codes become the errno an open would have given.
-        real = {SYMLINK: errno.ELOOP, NOT_REGULAR: errno.EINVAL}.get(code, code)
+        real = {SYMLINK: errno.ELOOP, NOT_REGULAR: errno.EINVAL, PSEUDO_FS: errno.EINVAL}.get(
+            code, code
+        )
         OSError.__init__(self, real, _meaning(code), path)
         self.code = code
         self.advice = advice
@@ -103,6 +105,8 @@ def _meaning(code: int) -> str:
         return "the lock file is a symbolic link"
     if code == NOT_REGULAR:
         return "not a regular file (a FIFO, socket or device)"
+    if code == PSEUDO_FS:
+        return "a file of a kernel pseudo-filesystem"
     return os.strerror(code)
 
 
@@ -121,6 +125,8 @@ def advice_for(code: int) -> str:
 # compiled values in _lock.py at import.
 SYMLINK = 10001
 NOT_REGULAR = 10002
+# pylock's own (no C code): the path is on proc, sysfs, cgroup...
+PSEUDO_FS = 10101
 
 
 def describe_holder(holder: Holder | None) -> str:

@@ -1,4 +1,4 @@
-"""Which filesystems flock can be trusted on: a decision from statfs."""
+"""Which filesystems can hold a lock file: a decision from statfs."""
 
 from __future__ import annotations
 
@@ -25,6 +25,35 @@ NETWORK_MAGIC = {
     0x73757245: "Coda",
     0x564C: "NCP",
 }
+
+# statfs f_type values of the kernel's pseudo-filesystems: their "files" are
+# kernel state (a read may change it, a write sets it), never a lock file.
+PSEUDO_MAGIC = {
+    0x9FA0: "proc",
+    0x62656572: "sysfs",
+    0x27E0EB: "cgroup",
+    0x63677270: "cgroup2",
+    0x64626720: "debugfs",
+    0x74726163: "tracefs",
+    0x73636673: "securityfs",
+    0xCAFE4A11: "bpf",
+    0x62656570: "configfs",
+    0xDE5E81E4: "efivarfs",
+    0x6165676C: "pstore",
+    0xF97CFF8C: "selinuxfs",
+    0x43415D53: "smackfs",
+    0x65735543: "fusectl",
+    0x42494E4D: "binfmt_misc",
+}
+PSEUDO_NAMES = {"devfs", "procfs", "fdesc"}
+
+
+def pseudo_filesystem(magic: int, name: str) -> str | None:
+    """The name of the kernel pseudo-filesystem the file is on, or None."""
+    if magic in PSEUDO_MAGIC:
+        return PSEUDO_MAGIC[magic]
+    return name if name.lower() in PSEUDO_NAMES else None
+
 
 # macOS names network filesystems; MNT_LOCAL already says "remote", this
 # adds FUSE mounts that claim to be local.

@@ -1,16 +1,19 @@
-"""Who holds a lock: the record explains, the kernel decides."""
+"""Who holds a lock: the kernel decides and describes, the record only adds
+what the kernel cannot know (info, since when)."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import errno
 import os
-import shlex
+import stat
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from . import _procfs, _record
+from . import _fs, _procfs, _record
+from ._display import display, shell_words
+from ._errors import PSEUDO_FS, LockFileError, advice_for
 from ._native import ffi, lib
 from ._process import ProcessIdentity, identity_of, is_alive, same_process
 from ._record import hostname
@@ -25,6 +28,10 @@ class Holder:
 
     verified is True only when the kernel shows this very process holding a
     lock on this very file (Linux fdinfo); a record alone is never proof.
+    For a verified holder, pid, the start identity, hostname, program and
+    argv come from the kernel; only info and acquired_at come from the
+    record, and record_private says whether only the holder's user (or
+    root) could have written that record.
     """
 
     pid: int
@@ -39,6 +46,7 @@ class Holder:
     verified: bool = False
     shared: bool = False
     note: str = ""
+    record_private: bool = False
 
     @property
     def identity(self) -> ProcessIdentity:
@@ -49,14 +57,14 @@ class Holder:
         return self.pid > 0 and is_alive(self.identity)
 
     def command(self) -> str:
-        """The holder's command line, shortened to one readable line."""
+        """The holder's command line, one readable line with control characters escaped."""
         if not self.argv:
-            return _one_line(self.program)
-        words = [os.path.basename(self.argv[0]), *self.argv[1:]]
-        text = " ".join(_word(word) for word in words)
-        return text if len(text) <= 80 else text[:77] + "..."
+            return display(self.program)
+        return shell_words([os.path.basename(self.argv[0]), *self.argv[1:]])
 
     def describe(self) -> str:
+        """One line for messages and terminals: every string from a record or a
+        process is shown with its control characters escaped."""
         if self.pid <= 0:
             text = "a process pylock cannot identify"
         else:
@@ -65,79 +73,52 @@ class Holder:
             if command:
                 text += f" ({command})"
             if self.hostname:
-                text += f" on {self.hostname}"
+                text += f" on {display(self.hostname)}"
             if self.acquired_at is not None:
                 text += " since " + self.acquired_at.strftime("%Y-%m-%dT%H:%M:%SZ")
         if self.note:
-            text += f" [{self.note}]"
+            text += f" [{display(self.note)}]"
         return text
 
 
-def _one_line(text: str) -> str:
-    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+# -- what the kernel says about a process -------------------------------------------
 
 
-def _word(word: str) -> str:
-    """One argv word for a message: one line, at most 40 characters, quoted if spaced."""
-    text = _one_line(word)
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return shlex.quote(text) if text != word or " " in text else text
-
-
-def _from_record(rec: dict[str, Any], verified: bool, note: str = "") -> Holder:
-    at = rec.get("acquired_at")
-    acquired_at = None
-    if isinstance(at, (int, float)):
-        acquired_at = _dt.datetime.fromtimestamp(at, _dt.timezone.utc)
-    argv = rec.get("argv")
-    info = rec.get("info")
-    return Holder(
-        pid=int(rec["pid"]),
-        start_time=_int(rec.get("start_time")),
-        boot_id=str(rec.get("boot_id", "")),
-        pidfs_ino=_int(rec.get("pidfs_ino")),
-        hostname=str(rec.get("host", "")),
-        program=str(rec.get("program", "")),
-        argv=tuple(str(a) for a in argv) if isinstance(argv, list) else (),
-        acquired_at=acquired_at,
-        info=info if isinstance(info, dict) else None,
-        verified=verified,
-        note=note,
-    )
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) else 0
-
-
-def _cmdline(pid: int) -> tuple[str, ...]:
+def _read_proc(pid: int, name: str) -> bytes:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read(8192)
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read(8192)
     except OSError:
-        return ()
-    return tuple(part.decode("utf-8", "replace") for part in raw.split(b"\0") if part)
+        return b""
 
 
-def _from_kernel(
-    lock: _procfs.FdLock, ident: ProcessIdentity, rec: dict[str, Any] | None
-) -> Holder:
-    """A holder seen in fdinfo, with the record's details when it is the same process."""
-    if rec is not None and _same_holder(ident, _record_identity(rec)):
-        # The kernel's pid: the record may hold the pid seen inside a container.
-        return replace(_from_record(rec, verified=True), pid=lock.pid, shared=lock.shared)
-    argv = _cmdline(lock.pid)
-    return Holder(
-        pid=lock.pid,
-        start_time=ident.start_time,
-        boot_id=ident.boot_id,
-        pidfs_ino=ident.pidfs_ino,
-        hostname=hostname(),
-        program=os.path.basename(argv[0]) if argv else "",
-        argv=argv,
-        verified=True,
-        shared=lock.shared,
+def _command_of(pid: int) -> tuple[str, tuple[str, ...]]:
+    """(program, argv) of a live process as the kernel shows them."""
+    raw = _read_proc(pid, "cmdline")
+    argv = tuple(os.fsdecode(part) for part in raw.split(b"\0") if part)
+    if argv:
+        return os.path.basename(argv[0]), argv
+    return os.fsdecode(_read_proc(pid, "comm").rstrip(b"\n")), ()
+
+
+def _euid_of(pid: int) -> int | None:
+    for line in _read_proc(pid, "status").splitlines():
+        if line.startswith(b"Uid:"):
+            try:
+                return int(line.split()[2])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def _at(rec: dict[str, Any]) -> _dt.datetime | None:
+    at = rec.get("acquired_at")
+    return None if at is None else _dt.datetime.fromtimestamp(at, _dt.timezone.utc)
+
+
+def _record_identity(rec: dict[str, Any]) -> ProcessIdentity:
+    return ProcessIdentity(
+        rec["pid"], rec.get("start_time", 0), rec.get("boot_id", ""), rec.get("pidfs_ino", 0)
     )
 
 
@@ -152,42 +133,127 @@ def _same_holder(seen: ProcessIdentity, recorded: ProcessIdentity) -> bool:
     return same_process(seen, recorded)
 
 
-def _record_identity(rec: dict[str, Any]) -> ProcessIdentity:
-    return ProcessIdentity(
-        int(rec["pid"]),
-        _int(rec.get("start_time")),
-        str(rec.get("boot_id", "")),
-        _int(rec.get("pidfs_ino")),
-    )
+# -- one look at a lock file ------------------------------------------------------
 
 
 class _Inspection:
-    """One look at a lock file: its identity, its record, its kernel holders."""
+    """The lock file's identity, owner and mode, and its record when readable."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.handle = open_lock_file(path, lib.PL_OPEN_READONLY)
-        info = ffi.new("pl_file_info *")
+        self.record: dict[str, Any] | None = None
         try:
-            check(lib.pl_file_stat(self.handle, info), path)
+            handle = open_lock_file(path, lib.PL_OPEN_READONLY)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM):
+                raise
+            # The kernel's lock table needs only the device and inode: a file
+            # this user may not read still has a holder pylock can name.
+            try:
+                st = os.lstat(path)
+            except OSError:
+                raise exc from None
+            if not stat.S_ISREG(st.st_mode):
+                raise
+            self.dev, self.ino, self.uid, self.mode = st.st_dev, st.st_ino, st.st_uid, st.st_mode
+            return
+        try:
+            info = ffi.new("pl_file_info *")
+            check(lib.pl_file_stat(handle, info), path)
             self.dev, self.ino = info.dev, info.ino
-            self.record = _record.parse(self._read_raw())
-        except BaseException:
-            lib.pl_close(self.handle)
-            raise
+            _refuse_pseudo_filesystem(handle, path)
+            owner = os.fstat(handle) if os.name != "nt" else None
+            self.uid = owner.st_uid if owner else -1
+            self.mode = owner.st_mode if owner else 0o666
+            self.record = _record.parse(_read_raw(handle))
+        finally:
+            lib.pl_close(handle)
 
-    def close(self) -> None:
-        lib.pl_close(self.handle)
+    def private_to(self, pid: int) -> bool:
+        """Whether only pid's user (and root) can write the lock file."""
+        return self.uid == _euid_of(pid) and not self.mode & 0o022
 
-    def _read_raw(self) -> bytes:
-        buf = ffi.new("char[]", _record.MAX_RECORD)
-        length = ffi.new("size_t *")
-        if lib.pl_read_record(self.handle, buf, _record.MAX_RECORD, length) != 0:
-            return b""
-        return bytes(ffi.buffer(buf, length[0]))
+    def record_for(self, ident: ProcessIdentity, shared: bool) -> dict[str, Any] | None:
+        """The record, if it describes this process holding the lock exclusively:
+        a shared holder writes no record, so one found is an older one."""
+        rec = self.record
+        if rec is None or shared or not _same_holder(ident, _record_identity(rec)):
+            return None
+        return rec
+
+    def kernel_holder(
+        self, pid: int, ident: ProcessIdentity, shared: bool, verified: bool, note: str = ""
+    ) -> Holder:
+        """A holder the kernel shows: everything from the kernel, but info and since when."""
+        program, argv = _command_of(pid)
+        rec = self.record_for(ident, shared)
+        return Holder(
+            pid=pid,
+            start_time=ident.start_time,
+            boot_id=ident.boot_id,
+            pidfs_ino=ident.pidfs_ino,
+            hostname=hostname(),
+            program=program,
+            argv=argv,
+            acquired_at=_at(rec) if rec else None,
+            info=rec.get("info") if rec else None,
+            verified=verified,
+            shared=shared,
+            note=note,
+            record_private=rec is not None and self.private_to(pid),
+        )
+
+    # -- Linux: fdinfo, then /proc/locks for what fdinfo may not show ------------
+
+    def linux_holders(self) -> tuple[list[Holder], bool | None]:
+        """Every holder the kernel shows, verified first; and whether
+        /proc/locks lists the lock (None: unreadable)."""
+        found: list[Holder] = []
+        for lock in _procfs.holders_of(self.dev, self.ino):
+            ident = identity_of(lock.pid)
+            if ident is not None:
+                found.append(self.kernel_holder(lock.pid, ident, lock.shared, True))
+        table = _procfs.proc_locks(self.dev, self.ino)
+        if not table:
+            return found, None if table is None else False
+        seen = {h.pid for h in found}
+        for entry in table:
+            if entry.pid in seen:
+                continue
+            seen.add(entry.pid)
+            holder = self._table_holder(entry)
+            if holder is not None:
+                found.append(holder)
+        if not found:
+            # Listed, yet no process shows it: an inherited descriptor in a
+            # process this user cannot see, or a taker in another namespace.
+            found.append(Holder(pid=0, note=self._unknown_note(table[0].pid)))
+        return found, True
+
+    def _table_holder(self, entry: _procfs.TableLock) -> Holder | None:
+        """A holder listed in /proc/locks whose descriptors we may not inspect."""
+        if entry.pid <= 0:
+            return None
+        ident = identity_of(entry.pid)
+        if ident is None or _procfs.pid_lock_mode(entry.pid, self.dev, self.ino) is not None:
+            # Gone, or readable and not holding: the pid is the lock's taker,
+            # whose descriptor lives on in another process.
+            return None
+        note = (
+            f"unverified: the kernel's lock table names pid {entry.pid}, but pylock "
+            "may not inspect that process's descriptors"
+        )
+        return self.kernel_holder(entry.pid, ident, entry.shared, False, note)
+
+    def _unknown_note(self, pid: int) -> str:
+        if pid <= 0:
+            return "held by a process outside this pid namespace"
+        return f"the kernel's lock table names pid {pid}, which no longer holds it itself"
+
+    # -- elsewhere: the record, checked against the live process -----------------
 
     def recorded_holder(self) -> tuple[Holder | None, str]:
-        """The record's process if it is alive and holds the lock, with a note otherwise."""
+        """The record's process if it is alive, with a note otherwise (macOS, Windows)."""
         rec = self.record
         if rec is None:
             return None, ""
@@ -196,87 +262,107 @@ class _Inspection:
         if now is None or not same_process(now, recorded):
             why = "has exited" if now is None else "now belongs to another process"
             return None, f"the record names pid {recorded.pid}, which {why}"
-        if not _LINUX:
-            return _from_record(rec, verified=False, note="unverified: record only"), ""
-        holds = _procfs.pid_holds(recorded.pid, self.dev, self.ino)
-        again = identity_of(recorded.pid)
-        if again is None or not same_process(again, recorded):
-            return None, f"the record names pid {recorded.pid}, which has exited"
-        if holds is True:
-            return _from_record(rec, verified=True), ""
-        if holds is None:
-            note = "unverified: pylock may not inspect that process's descriptors"
-            return _from_record(rec, verified=False, note=note), ""
-        return None, f"the record names pid {recorded.pid}, which no longer holds it"
+        argv = rec.get("argv", [])
+        holder = Holder(
+            pid=recorded.pid,
+            start_time=recorded.start_time,
+            boot_id=recorded.boot_id,
+            pidfs_ino=recorded.pidfs_ino,
+            hostname=rec.get("host", ""),
+            program=rec.get("program", ""),
+            argv=tuple(argv),
+            acquired_at=_at(rec),
+            info=rec.get("info"),
+            note="unverified: record only",
+        )
+        return holder, ""
 
-    def kernel_holders(self) -> list[Holder]:
-        found = []
-        for lock in _procfs.holders_of(self.dev, self.ino):
-            ident = identity_of(lock.pid)
-            if ident is not None:
-                found.append(_from_kernel(lock, ident, self.record))
-        return found
-
-    def held(self) -> bool:
-        """Whether anyone holds the lock, without disturbing holders when we can."""
-        if _LINUX and _procfs.listed_in_proc_locks(self.dev, self.ino):
-            return True
-        # A shared probe: only reached when nothing visible holds the lock.
-        rc = lib.pl_try_lock(self.handle, 1)
-        if rc == 0:
-            lib.pl_unlock(self.handle)
+    def held_by_probe(self) -> bool:
+        """Whether anyone holds the lock, by taking a shared lock for a moment
+        (macOS, Windows: their kernels show no lock table).  A racing
+        acquire(blocking=False) elsewhere can be refused while it lasts."""
+        try:
+            handle = open_lock_file(self.path, lib.PL_OPEN_READONLY)
+        except OSError:
             return False
-        return True
+        try:
+            if lib.pl_try_lock(handle, 1) == 0:
+                lib.pl_unlock(handle)
+                return False
+            return True
+        finally:
+            lib.pl_close(handle)
+
+
+def _read_raw(handle: int) -> bytes:
+    buf = ffi.new("char[]", _record.MAX_RECORD)
+    length = ffi.new("size_t *")
+    if lib.pl_read_record(handle, buf, _record.MAX_RECORD, length) != 0:
+        return b""
+    return bytes(ffi.buffer(buf, length[0]))
+
+
+def _refuse_pseudo_filesystem(handle: int, path: str) -> None:
+    fs = ffi.new("pl_fs_info *")
+    if lib.pl_fs_stat(handle, fs) != 0:
+        return
+    name = _fs.pseudo_filesystem(fs.magic, ffi.string(fs.name).decode())
+    if name is not None:
+        raise LockFileError(PSEUDO_FS, path, f"it is on {name}, which holds kernel state")
 
 
 def _inspect(path: str) -> _Inspection | None:
-    """A look at the lock file, or None when there is no file (nobody holds it)."""
+    """A look at the lock file, or None when there is no file (nobody holds
+    it).  A missing directory is an error, as acquire() reports it."""
+    if not path:
+        raise LockFileError(errno.ENOENT, path, "the path is empty: name a lock file")
     try:
         return _Inspection(path)
     except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            return None
-        raise
+        if exc.errno != errno.ENOENT:
+            raise
+        if not os.path.isdir(os.path.dirname(path) or "."):
+            raise LockFileError(errno.ENOENT, path, advice_for(errno.ENOENT)) from None
+        return None
 
 
 def find_holder(path: str, known_held: bool = False) -> Holder | None:
-    """The holder of the lock at path, or None when nobody holds it."""
+    """The holder of the lock at path, or None when nobody holds it.
+
+    On Linux the kernel's tables answer, and nothing is locked to ask.
+    """
     look = _inspect(path)
     if look is None:
         return None
-    try:
-        holder, note = look.recorded_holder()
-        if holder is not None and holder.verified:
-            return holder
-        if _LINUX:
-            seen = look.kernel_holders()
-            if seen:
-                return seen[0]
-        if not known_held and not look.held():
-            return None
-        if holder is not None:
-            return holder
-        return Holder(pid=0, note=note or "no record")
-    finally:
-        look.close()
+    if _LINUX:
+        found, listed = look.linux_holders()
+        if found:
+            # The exclusive holder the record describes, else any exclusive one.
+            return min(found, key=lambda h: (not h.verified, h.shared, h.info is None))
+        if listed is None and (known_held or look.held_by_probe()):
+            return Holder(pid=0, note="/proc/locks is unreadable")
+        return None
+    holder, note = look.recorded_holder()
+    if not known_held and not look.held_by_probe():
+        return None
+    return holder if holder is not None else Holder(pid=0, note=note or "no record")
 
 
 def holders(path: str) -> list[Holder]:
     """Every process the kernel shows holding the lock at path.
 
-    On Linux this scans /proc/*/fdinfo (shared holders, processes sharing an
-    inherited descriptor); elsewhere it is the verified-or-recorded holder.
+    On Linux: every process whose descriptors show the lock (shared holders,
+    processes sharing an inherited descriptor), verified, and those listed
+    only in /proc/locks (another user's), unverified.  Never empty while the
+    kernel lists a lock on the file.  Elsewhere: the record's live process.
     """
     path = os.path.abspath(os.fspath(path))
     look = _inspect(path)
     if look is None:
         return []
-    try:
-        if _LINUX:
-            return look.kernel_holders()
-        holder, _ = look.recorded_holder()
-        if holder is not None and look.held():
-            return [holder]
-        return []
-    finally:
-        look.close()
+    if _LINUX:
+        return look.linux_holders()[0]
+    holder, _ = look.recorded_holder()
+    if holder is not None and look.held_by_probe():
+        return [holder]
+    return []

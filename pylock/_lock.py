@@ -11,6 +11,7 @@ from _weakrefset import WeakSet  # what weakref.WeakSet is, without weakref's im
 
 from . import _fs
 from ._errors import (
+    PSEUDO_FS,
     LockError,
     LockFileError,
     LockHeld,
@@ -60,6 +61,10 @@ _this_thread = _ThreadOwner()
 # pylock.metrics while enabled (None: off, and each hook costs one check).
 _observer: Any = None
 
+# Why a file could not be opened for writing though it may still be locked
+# read-only: another user's file, a read-only filesystem, a running program.
+_READ_ONLY_FALLBACK = (errno.EACCES, errno.EROFS, errno.EPERM, errno.ETXTBSY)
+
 
 class Lock:
     """An inter-process lock on path that knows who holds it.
@@ -67,8 +72,11 @@ class Lock:
     The kernel's lock (flock, LockFileEx) is the only truth: it is dropped
     when the holder dies, even by SIGKILL.  After taking it, an exclusive
     holder writes a best-effort record (pid, start identity, host, program,
-    time, info) that holder() and the errors use to explain.  Locks are not
-    reentrant; two Lock objects exclude each other in one process as in two.
+    time, info) that holder() and the errors use to explain, but only into a
+    file that is empty or already holds a pylock record: any other file is
+    locked and left untouched.  record=False never writes (nor opens the file
+    for writing): for files that are not pylock's.  Locks are not reentrant;
+    two Lock objects exclude each other in one process as in two.
     """
 
     _handle = -1  # also for __del__ of an object whose __init__ refused its arguments
@@ -81,23 +89,33 @@ class Lock:
         mode: int | None = None,
         info: dict[str, Any] | None = None,
         allow_network_fs: bool = False,
+        record: bool = True,
     ) -> None:
         raw = os.fspath(path)
         if isinstance(raw, bytes):
             raw = os.fsdecode(raw)
+        if not raw:
+            raise LockFileError(errno.ENOENT, raw, "the path is empty: name a lock file")
         if raw.endswith(("/", os.sep)):
             raise LockFileError(errno.EISDIR, raw, "a trailing separator names a directory")
         # Resolved now: a later chdir must not move the lock.
         self.path: str = os.path.abspath(raw)
         self.shared = shared
-        if mode is not None and not 0 <= mode <= 0o7777:
-            raise ValueError(f"mode must be a permission mode like 0o644, not {mode!r}")
+        if mode is not None and (
+            isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777
+        ):
+            raise ValueError(
+                f"mode must be permission bits from 0o000 to 0o777 like 0o644, not {mode!r}"
+            )
         self._mode = -1 if mode is None else mode
         if info is not None:  # refuse what the record could not carry, now
             from ._record import check_info
 
             check_info(info)
+            if not record:
+                raise ValueError("info is kept in the record: it needs record=True")
         self._info = info
+        self._record = record
         self._allow_network_fs = allow_network_fs
         self._handle = -1
         self._key = (0, 0)
@@ -131,29 +149,38 @@ class Lock:
     # -- the descriptor, kept open between acquisitions ---------------------
 
     def _open(self) -> int:
+        # A record-less lock never writes, so it never asks for write access.
+        flags = lib.PL_OPEN_CREATE | (0 if self._record else lib.PL_OPEN_READONLY)
         try:
-            handle = open_lock_file(self.path, lib.PL_OPEN_CREATE, self._mode)
-            self._writable = True
+            handle = open_lock_file(self.path, flags, self._mode)
+            self._writable = self._record
             self._lf.no_record_reason = 0
-        except LockFileError as exc:
-            # A lock file we may read but not write (another user's, or on a
-            # read-only filesystem) can still be locked; only the record is lost.
-            if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+        except OSError as exc:
+            # A file we may read but not write (another user's, on a read-only
+            # filesystem, a running program: ETXTBSY) can still be locked; only
+            # the record is lost.
+            if not self._record or exc.errno not in _READ_ONLY_FALLBACK:
                 raise
             try:
                 handle = open_lock_file(self.path, lib.PL_OPEN_READONLY)
-            except LockFileError:
+            except OSError:
                 raise exc from None
             self._writable = False
-            # Reported (once) when the lock is taken, like a failed write.
-            self._lf.no_record_reason = 0 if self.shared else exc.errno
+            # Reported (once) when the lock is taken, like a failed write, and
+            # only if the file is one a record would have gone into.
+            self._lf.no_record_reason = exc.errno
         lf = self._lf
         try:
             self._check_filesystem(handle)
             check(lib.pl_file_stat(handle, ffi.addressof(lf, "st")), self.path)
-            if self.shared or not self._writable:
+            if self.shared or not self._record:
                 lf.head_len = 0  # shared holders would overwrite each other's record
+                if self.shared:
+                    lf.no_record_reason = 0
             else:
+                # Also for a read-only descriptor: the C core decides under the
+                # lock whether a record belongs in the file, then reports the
+                # reason it cannot write one.
                 from ._process import self_identity
                 from ._record import RecordTemplate
 
@@ -165,17 +192,27 @@ class Lock:
             lib.pl_close(handle)
             raise
         self._key = (lf.st.dev, lf.st.ino)
+        lf.record_size = 0  # a new descriptor, maybe a new file: look at it afresh
         lf.handle = handle
         self._handle = handle
         _open_locks.add(self)
         return handle
 
     def _check_filesystem(self, handle: int) -> None:
-        if self._allow_network_fs:
-            return
         fs = ffi.new("pl_fs_info *")
         check(lib.pl_fs_stat(handle, fs), self.path)
-        name = _fs.network_filesystem(fs.magic, fs.remote, ffi.string(fs.name).decode())
+        fs_name = ffi.string(fs.name).decode()
+        pseudo = _fs.pseudo_filesystem(fs.magic, fs_name)
+        if pseudo is not None:
+            raise LockFileError(
+                PSEUDO_FS,
+                self.path,
+                f"it is on {pseudo}, which holds kernel state, not files: put the lock "
+                "file on a real filesystem (for example under /run or /tmp)",
+            )
+        if self._allow_network_fs:
+            return
+        name = _fs.network_filesystem(fs.magic, fs.remote, fs_name)
         if name is not None:
             raise UnsafeFilesystem(self.path, name)
 

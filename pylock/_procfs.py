@@ -1,10 +1,13 @@
-"""Who holds a lock, as the Linux kernel shows it in /proc/<pid>/fdinfo.
+"""Who holds a lock, as the Linux kernel shows it in /proc/<pid>/fdinfo and
+/proc/locks.  Reading them takes no lock, so looking never disturbs anyone.
 
 An fdinfo file carries a "lock:" line for each lock owned by that open file
 description, so it names the real holders: the processes sharing an
-inherited descriptor, shared holders, holders inside pid namespaces.  The
-pid column of /proc/locks names whoever took the lock, which goes wrong
-after fork, so it is only used to answer "is anyone holding it".
+inherited descriptor, shared holders, holders inside pid namespaces.  Only
+the owner of a process (or root) may read its fdinfo.  /proc/locks is
+readable by everyone and lists every lock, but its pid column names whoever
+took the lock, which goes wrong after fork: it answers "is anyone holding
+it" and names holders whose fdinfo this user may not read, never verified.
 """
 
 from __future__ import annotations
@@ -19,6 +22,13 @@ PROC = "/proc"
 class FdLock(NamedTuple):
     pid: int
     fd: int
+    shared: bool
+
+
+class TableLock(NamedTuple):
+    """A line of /proc/locks: pid 0 when the taker is outside our pid namespace."""
+
+    pid: int
     shared: bool
 
 
@@ -42,18 +52,20 @@ def _fd_locks(pid: int, fd_name: str, key: str) -> bool | None:
     return None
 
 
-def pid_holds(pid: int, dev: int, ino: int) -> bool | None:
-    """Whether pid has a descriptor that owns a flock on (dev, ino).
-
-    True or False when the kernel showed us; None when we may not look
-    (another user's process without ptrace rights) or it has gone.
+def pid_lock_mode(pid: int, dev: int, ino: int) -> str | None:
+    """How pid holds a flock on (dev, ino): "exclusive", "shared" or "" (not
+    at all), as the kernel shows it; None when we may not look (another
+    user's process without ptrace rights) or it has gone.
     """
     key = _lock_key(dev, ino)
     try:
         fds = os.listdir(f"{PROC}/{pid}/fdinfo")
     except OSError:
         return None
-    return any(_fd_locks(pid, fd, key) is not None for fd in fds)
+    modes = {_fd_locks(pid, fd, key) for fd in fds}
+    if False in modes:
+        return "exclusive"
+    return "shared" if True in modes else ""
 
 
 def holders_of(dev: int, ino: int) -> Iterator[FdLock]:
@@ -74,11 +86,24 @@ def holders_of(dev: int, ino: int) -> Iterator[FdLock]:
                 yield FdLock(pid, int(fd), shared)
 
 
-def listed_in_proc_locks(dev: int, ino: int) -> bool | None:
-    """Whether /proc/locks lists a flock on (dev, ino); None if unreadable."""
+def proc_locks(dev: int, ino: int) -> list[TableLock] | None:
+    """The flocks /proc/locks lists on (dev, ino) (not the blocked waiters'
+    "->" lines); None when /proc/locks cannot be read."""
     key = _lock_key(dev, ino).encode()
+    found = []
     try:
         with open(f"{PROC}/locks", "rb") as f:
-            return any(key in line and b"FLOCK" in line for line in f)
+            lines = [line for line in f if key in line]
     except OSError:
         return None
+    for line in lines:
+        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF"
+        words = line.split()
+        if len(words) < 6 or words[1] != b"FLOCK" or words[5] != key.strip():
+            continue
+        try:
+            pid = int(words[4])
+        except ValueError:
+            continue
+        found.append(TableLock(max(pid, 0), words[3] == b"READ"))
+    return found

@@ -59,9 +59,15 @@ def check_info(info: dict[str, Any] | None) -> None:
         raise TypeError(f"info must be a dict (it is recorded as JSON), not {type(info).__name__}")
     import json
 
-    encoded = json.dumps(info, separators=(",", ":"), sort_keys=True)
+    try:
+        # allow_nan=False: NaN and Infinity are not JSON, and no reader takes them.
+        encoded = json.dumps(info, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    except RecursionError:
+        raise ValueError("info nests too deeply to be recorded") from None
     if len(encoded) > MAX_INFO:
         raise ValueError(f"info is {len(encoded)} bytes as JSON; at most {MAX_INFO}")
+    if _depth(info) > _MAX_INFO_DEPTH:
+        raise ValueError(f"info nests deeper than {_MAX_INFO_DEPTH} levels; readers would drop it")
 
 
 class RecordTemplate:
@@ -81,8 +87,9 @@ class RecordTemplate:
             "boot_id": identity.boot_id,
             "pidfs_ino": identity.pidfs_ino,
             "host": hostname(),
-            "program": os.path.basename(argv[0]) if argv else "",
-            "argv": argv[:64],
+            "program": os.path.basename(argv[0])[:_MAX_TEXT] if argv else "",
+            # Within the reader's bounds, or readers would drop the whole argv.
+            "argv": [arg[:_MAX_TEXT] for arg in argv[:_MAX_ARGV]],
         }
         if info is not None:
             check_info(info)
@@ -113,7 +120,7 @@ def _compact_json(value: Any) -> str:
         )
     import json  # anything else (the caller's info): json itself
 
-    return json.dumps(value, separators=(",", ":"))
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
 def encode(payload: bytes) -> bytes:
@@ -121,27 +128,103 @@ def encode(payload: bytes) -> bytes:
     return b"%s%d %08x\n" % (MAGIC, len(payload), zlib.crc32(payload)) + payload
 
 
+# Bounds of what a record may say; anything else is not believed.
+_MAX_PID = 2**31 - 1
+_MAX_U64 = 2**64 - 1
+_LATEST = 253402300799.0  # 9999-12-31T23:59:59Z: later cannot be a datetime
+_MAX_TEXT = 4096
+_MAX_ARGV = 64
+_MAX_INFO_DEPTH = 32
+_HEX = frozenset(b"0123456789abcdef")
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse(raw: bytes) -> dict[str, Any] | None:
-    """The record in raw, or None when there is no complete, intact one."""
-    if not raw.startswith(MAGIC):
+    """The record in raw, or None when there is no complete, intact one.
+
+    Any bytes at all give a record or None, never an exception: the file may
+    be written by anyone who can write it.  A returned record has only the
+    known fields, each of its documented type and within bounds (a field
+    that is not is left out); only pid is required.
+    """
+    if not isinstance(raw, bytes) or not raw.startswith(MAGIC):
         return None
     end = raw.find(b"\n", 0, 64)
     if end < 0:
         return None
-    try:
-        length_text, crc_text = raw[len(MAGIC) : end].split(b" ")
-        length, crc = int(length_text), int(crc_text, 16)
-    except ValueError:
+    parts = raw[len(MAGIC) : end].split(b" ")
+    if len(parts) != 2:
         return None
+    length_text, crc_text = parts
+    # Strictly as the writer formats them: int() would also take "+1", "1_0", " 1".
+    if not (0 < len(length_text) <= 6 and length_text.isdigit()):
+        return None
+    if len(crc_text) != 8 or not _HEX.issuperset(crc_text):
+        return None
+    length, crc = int(length_text), int(crc_text, 16)
     payload = raw[end + 1 : end + 1 + length]
     if len(payload) != length or zlib.crc32(payload) != crc:
         return None
     import json
 
     try:
-        fields = json.loads(payload)
-    except ValueError:
+        fields = json.loads(payload, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):  # also invalid UTF-8, and nesting deeper than Python
         return None
-    if not isinstance(fields, dict) or not isinstance(fields.get("pid"), int):
+    if not isinstance(fields, dict):
         return None
-    return fields
+    return _checked(fields)
+
+
+def _checked(fields: dict[str, Any]) -> dict[str, Any] | None:
+    pid = fields.get("pid")
+    if not _is_int(pid, 1, _MAX_PID):
+        return None
+    out: dict[str, Any] = {"pid": pid}
+    for name in ("start_time", "pidfs_ino"):
+        if _is_int(fields.get(name), 0, _MAX_U64):
+            out[name] = fields[name]
+    for name in ("boot_id", "host", "program"):
+        value = fields.get(name)
+        if isinstance(value, str) and len(value) <= _MAX_TEXT:
+            out[name] = value
+    argv = fields.get("argv")
+    if (
+        isinstance(argv, list)
+        and len(argv) <= _MAX_ARGV
+        and all(isinstance(a, str) and len(a) <= _MAX_TEXT for a in argv)
+    ):
+        out["argv"] = argv
+    at = fields.get("acquired_at")
+    if isinstance(at, (int, float)) and not isinstance(at, bool) and 0 <= at <= _LATEST:
+        out["acquired_at"] = at  # NaN fails both comparisons
+    info = fields.get("info")
+    if isinstance(info, dict) and _depth(info) <= _MAX_INFO_DEPTH:
+        out["info"] = info
+    return out
+
+
+def _is_int(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _depth(value: Any) -> int:
+    """How deeply value nests lists and dicts, counted without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        if deepest > _MAX_INFO_DEPTH:
+            return deepest
+        stack.extend((child, level + 1) for child in children)
+    return deepest

@@ -409,6 +409,67 @@ static void test_wake_signal_rechecked(void)
     pl_close(b);
 }
 
+static void read_file(const char *p, char *buf, size_t cap, size_t *n)
+{
+    int fd = open(p, O_RDONLY);
+    ssize_t got = fd >= 0 ? read(fd, buf, cap) : -1;
+    *n = got > 0 ? (size_t)got : 0;
+    if (fd >= 0)
+        close(fd);
+}
+
+/* A file that is neither empty nor a pylock record is someone's data: locked,
+ * never written; a file holding a record (anyone's) is written. */
+static void test_foreign_file_is_never_written(void)
+{
+    static const char data[] = "{\"settings\": true}\n";
+    static const char head[] = "{\"pid\":1,\"acquired_at\":";
+    char *p = path_in("foreign.json");
+    char buf[256];
+    size_t n;
+    int fd = open(p, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    CHECK(fd >= 0 && write(fd, data, sizeof data - 1) == (ssize_t)(sizeof data - 1));
+    close(fd);
+    pl_handle a = open_lock(p);
+    pl_lockfile lf;
+    memset(&lf, 0, sizeof lf);
+    lf.handle = a;
+    lf.path = p;
+    lf.head = head;
+    lf.head_len = sizeof head - 1;
+    CHECK(pl_file_stat(a, &lf.st) == 0);
+    CHECK(pl_acquire(&lf) == 0 && lf.foreign == 1 && lf.record_error == 0);
+    CHECK(pl_unlock(a) == 0);
+    /* The same size as a record this lock file never wrote: still read. */
+    lf.record_size = 0;
+    CHECK(pl_acquire(&lf) == 0 && lf.foreign == 1);
+    CHECK(pl_unlock(a) == 0);
+    /* A read-only descriptor's reason is not reported for a foreign file. */
+    lf.no_record_reason = EACCES;
+    CHECK(pl_acquire(&lf) == 0 && lf.foreign == 1 && lf.record_error == 0);
+    CHECK(pl_unlock(a) == 0);
+    lf.no_record_reason = 0;
+    read_file(p, buf, sizeof buf, &n);
+    CHECK(n == sizeof data - 1 && memcmp(buf, data, n) == 0);
+
+    /* Emptied: the record goes in, and the next acquisition finds its own size. */
+    CHECK(truncate(p, 0) == 0);
+    CHECK(pl_acquire(&lf) == 0 && lf.foreign == 0 && lf.record_size > 0);
+    CHECK(pl_unlock(a) == 0);
+    read_file(p, buf, sizeof buf, &n);
+    CHECK(n == lf.record_size && memcmp(buf, "pylock-record v1 ", 17) == 0);
+    CHECK(pl_acquire(&lf) == 0 && lf.foreign == 0);
+    CHECK(pl_unlock(a) == 0);
+    /* Another holder's longer record (a different size): read, and written over. */
+    fd = open(p, O_WRONLY | O_APPEND);
+    CHECK(fd >= 0 && write(fd, "tail", 4) == 4);
+    close(fd);
+    uint64_t before = lf.record_size;
+    CHECK(pl_acquire(&lf) == 0 && lf.foreign == 0 && lf.record_size == before + 4);
+    CHECK(pl_unlock(a) == 0);
+    pl_close(a);
+}
+
 int main(void)
 {
     if (mkdtemp(dir) == NULL) {
@@ -424,6 +485,7 @@ int main(void)
     test_holder_death();
     test_claim();
     test_wake_signal_rechecked();
+    test_foreign_file_is_never_written();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

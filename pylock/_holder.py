@@ -116,6 +116,23 @@ def _at(rec: dict[str, Any]) -> _dt.datetime | None:
     return None if at is None else _dt.datetime.fromtimestamp(at, _dt.timezone.utc)
 
 
+def from_record(rec: dict[str, Any]) -> Holder:
+    """The holder a record describes, believed on its word (never verified):
+    where no kernel can show who holds a lock."""
+    return Holder(
+        pid=rec["pid"],
+        start_time=rec.get("start_time", 0),
+        boot_id=rec.get("boot_id", ""),
+        pidfs_ino=rec.get("pidfs_ino", 0),
+        hostname=rec.get("host", ""),
+        program=rec.get("program", ""),
+        argv=tuple(rec.get("argv", ())),
+        acquired_at=_at(rec),
+        info=rec.get("info"),
+        note="unverified: record only",
+    )
+
+
 def _record_identity(rec: dict[str, Any]) -> ProcessIdentity:
     return ProcessIdentity(
         rec["pid"], rec.get("start_time", 0), rec.get("boot_id", ""), rec.get("pidfs_ino", 0)
@@ -262,20 +279,7 @@ class _Inspection:
         if now is None or not same_process(now, recorded):
             why = "has exited" if now is None else "now belongs to another process"
             return None, f"the record names pid {recorded.pid}, which {why}"
-        argv = rec.get("argv", [])
-        holder = Holder(
-            pid=recorded.pid,
-            start_time=recorded.start_time,
-            boot_id=recorded.boot_id,
-            pidfs_ino=recorded.pidfs_ino,
-            hostname=rec.get("host", ""),
-            program=rec.get("program", ""),
-            argv=tuple(argv),
-            acquired_at=_at(rec),
-            info=rec.get("info"),
-            note="unverified: record only",
-        )
-        return holder, ""
+        return from_record(rec), ""
 
     def held_by_probe(self) -> bool:
         """Whether anyone holds the lock, by taking a shared lock for a moment

@@ -158,7 +158,8 @@ class _Inspection:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.record: dict[str, Any] | None = None
+        self._record: dict[str, Any] | None = None
+        self._unread = False  # the record is read only when a holder needs it
         try:
             handle = open_lock_file(path, lib.PL_OPEN_READONLY)
         except OSError as exc:
@@ -182,9 +183,23 @@ class _Inspection:
             owner = os.fstat(handle) if os.name != "nt" else None
             self.uid = owner.st_uid if owner else -1
             self.mode = owner.st_mode if owner else 0o666
-            self.record = _record.parse(_read_raw(handle))
-        finally:
+        except BaseException:
             lib.pl_close(handle)
+            raise
+        self._handle = handle
+        self._unread = True
+
+    def close(self) -> None:
+        if self._unread:
+            self._unread = False
+            lib.pl_close(self._handle)
+
+    @property
+    def record(self) -> dict[str, Any] | None:
+        if self._unread:
+            self._record = _record.parse(_read_raw(self._handle))
+            self.close()
+        return self._record
 
     def private_to(self, pid: int) -> bool:
         """Whether only pid's user (and root) can write the lock file."""
@@ -222,40 +237,54 @@ class _Inspection:
 
     # -- Linux: fdinfo, then /proc/locks for what fdinfo may not show ------------
 
-    def linux_holders(self) -> tuple[list[Holder], bool | None]:
-        """Every holder the kernel shows, verified first; and whether
-        /proc/locks lists the lock (None: unreadable)."""
+    def linux_holders(self, every: bool) -> tuple[list[Holder], bool | None]:
+        """The holders the kernel shows, verified first, and whether
+        /proc/locks lists the lock (None: unreadable).
+
+        /proc/locks answers "is it held" and names each lock's taker; the
+        taker's own fdinfo verifies it.  Only every=True, a taker that no
+        longer holds it (an inherited descriptor) or an unreadable table
+        need the scan of every process's fdinfo.
+        """
+        table = _procfs.proc_locks(self.dev, self.ino)
+        if table is not None and not table:
+            return [], False  # the kernel lists no lock on this file
+        if table and not every:
+            direct = [h for h in map(self._taker, table) if h is not None]
+            if direct:
+                return direct, True
         found: list[Holder] = []
         for lock in _procfs.holders_of(self.dev, self.ino):
             ident = identity_of(lock.pid)
             if ident is not None:
                 found.append(self.kernel_holder(lock.pid, ident, lock.shared, True))
-        table = _procfs.proc_locks(self.dev, self.ino)
-        if not table:
-            return found, None if table is None else False
+        if table is None:
+            return found, None
         seen = {h.pid for h in found}
         for entry in table:
-            if entry.pid in seen:
-                continue
-            seen.add(entry.pid)
-            holder = self._table_holder(entry)
-            if holder is not None:
-                found.append(holder)
+            if entry.pid not in seen:
+                seen.add(entry.pid)
+                holder = self._taker(entry)
+                if holder is not None and not holder.verified:
+                    found.append(holder)
         if not found:
             # Listed, yet no process shows it: an inherited descriptor in a
             # process this user cannot see, or a taker in another namespace.
             found.append(Holder(pid=0, note=self._unknown_note(table[0].pid)))
         return found, True
 
-    def _table_holder(self, entry: _procfs.TableLock) -> Holder | None:
-        """A holder listed in /proc/locks whose descriptors we may not inspect."""
+    def _taker(self, entry: _procfs.TableLock) -> Holder | None:
+        """The process /proc/locks names, if it still holds the lock: verified
+        when its fdinfo shows it, unverified when we may not look."""
         if entry.pid <= 0:
             return None
         ident = identity_of(entry.pid)
-        if ident is None or _procfs.pid_lock_mode(entry.pid, self.dev, self.ino) is not None:
-            # Gone, or readable and not holding: the pid is the lock's taker,
-            # whose descriptor lives on in another process.
+        mode = _procfs.pid_lock_mode(entry.pid, self.dev, self.ino)
+        if ident is None or mode == "":
+            # Gone, or not holding: its descriptor lives on in another process.
             return None
+        if mode is not None:
+            return self.kernel_holder(entry.pid, ident, mode == "shared", True)
         note = (
             f"unverified: the kernel's lock table names pid {entry.pid}, but pylock "
             "may not inspect that process's descriptors"
@@ -338,18 +367,21 @@ def find_holder(path: str, known_held: bool = False) -> Holder | None:
     look = _inspect(path)
     if look is None:
         return None
-    if _LINUX:
-        found, listed = look.linux_holders()
-        if found:
-            # The exclusive holder the record describes, else any exclusive one.
-            return min(found, key=lambda h: (not h.verified, h.shared, h.info is None))
-        if listed is None and (known_held or look.held_by_probe()):
-            return Holder(pid=0, note="/proc/locks is unreadable")
-        return None
-    holder, note = look.recorded_holder()
-    if not known_held and not look.held_by_probe():
-        return None
-    return holder if holder is not None else Holder(pid=0, note=note or "no record")
+    try:
+        if _LINUX:
+            found, listed = look.linux_holders(every=False)
+            if found:
+                # The exclusive holder the record describes, else any exclusive one.
+                return min(found, key=lambda h: (not h.verified, h.shared, h.info is None))
+            if listed is None and (known_held or look.held_by_probe()):
+                return Holder(pid=0, note="/proc/locks is unreadable")
+            return None
+        holder, note = look.recorded_holder()
+        if not known_held and not look.held_by_probe():
+            return None
+        return holder if holder is not None else Holder(pid=0, note=note or "no record")
+    finally:
+        look.close()
 
 
 def holders(path: str) -> list[Holder]:
@@ -364,9 +396,12 @@ def holders(path: str) -> list[Holder]:
     look = _inspect(path)
     if look is None:
         return []
-    if _LINUX:
-        return look.linux_holders()[0]
-    holder, _ = look.recorded_holder()
-    if holder is not None and look.held_by_probe():
-        return [holder]
-    return []
+    try:
+        if _LINUX:
+            return look.linux_holders(every=True)[0]
+        holder, _ = look.recorded_holder()
+        if holder is not None and look.held_by_probe():
+            return [holder]
+        return []
+    finally:
+        look.close()

@@ -483,7 +483,8 @@ def raw_holder() -> Iterator[Any]:
 @pytest.mark.parametrize("kind", GARBAGE)
 def test_garbage_record(tmp_path: Path, kind: str, raw_holder: Any) -> None:
     path = str(tmp_path / "garbage.lock")
-    Path(path).write_bytes(_garbage(kind))
+    data = _garbage(kind)
+    Path(path).write_bytes(data)
     # Free: garbage is no holder.
     assert pylock.Lock(path).holder() is None
     assert pylock.holders(path) == []
@@ -495,16 +496,20 @@ def test_garbage_record(tmp_path: Path, kind: str, raw_holder: Any) -> None:
         pylock.Lock(path).acquire(blocking=False)
     assert f"pid {raw.pid}" in str(info.value)
     raw.kill()
-    # Locking over garbage works and leaves a real record.
+    # Locking over garbage works; a real record replaces only a damaged
+    # record (the file starts as one), never someone's other bytes.
+    ours = data.startswith(_record.MAGIC)
     lock = pylock.Lock(path, info={"after": kind})
     lock.acquire(blocking=False)
     try:
         h = lock.holder()
         assert h is not None and h.pid == os.getpid() and h.verified
-        assert h.info == {"after": kind}
+        assert h.info == ({"after": kind} if ours else None)
     finally:
         lock.release()
         lock.close()
+    if not ours:
+        assert Path(path).read_bytes() == data
 
 
 def test_crafted_record_naming_another_live_process_is_not_verified(
@@ -577,11 +582,15 @@ def test_10_mib_record_is_read_bounded(tmp_path: Path, kind: str, figures: Figur
     figures(kind=kind, file_bytes=os.path.getsize(path), holder_read_bytes=cost, baseline=baseline)
     assert cost - baseline < 256 * 1024, f"holder() read {cost} bytes of a 10 MiB file"
     assert elapsed < AT_ONCE
+    size = os.path.getsize(path)
     lock = pylock.Lock(path, info={"k": "v"})
     lock.acquire(blocking=False)
     try:
         h = lock.holder()
-        assert h is not None and h.verified and h.info == {"k": "v"}
+        # Random bytes are someone's data: locked, never written.
+        expected = {"k": "v"} if kind == "valid_header_10mib_json" else None
+        assert h is not None and h.verified and h.info == expected
     finally:
         lock.release()
         lock.close()
+    assert os.path.getsize(path) == size  # never truncated nor extended

@@ -101,6 +101,11 @@ def _command_of(pid: int) -> tuple[str, tuple[str, ...]]:
     return os.fsdecode(_read_proc(pid, "comm").rstrip(b"\n")), ()
 
 
+def _cmdline(pid: int) -> tuple[str, ...]:
+    """pid's argv as the kernel shows it (empty for a kernel thread or a zombie)."""
+    return _command_of(pid)[1]
+
+
 def _euid_of(pid: int) -> int | None:
     for line in _read_proc(pid, "status").splitlines():
         if line.startswith(b"Uid:"):
@@ -299,7 +304,12 @@ class _Inspection:
     # -- elsewhere: the record, checked against the live process -----------------
 
     def recorded_holder(self) -> tuple[Holder | None, str]:
-        """The record's process if it is alive, with a note otherwise (macOS, Windows)."""
+        """The record's process if it is alive, with a note otherwise.
+
+        On Linux it is the holder only while its fdinfo shows it holding the
+        lock exclusively (verified, described by the kernel); where no kernel
+        shows holders (macOS, Windows) the record's word, unverified.
+        """
         rec = self.record
         if rec is None:
             return None, ""
@@ -308,7 +318,20 @@ class _Inspection:
         if now is None or not same_process(now, recorded):
             why = "has exited" if now is None else "now belongs to another process"
             return None, f"the record names pid {recorded.pid}, which {why}"
-        return from_record(rec), ""
+        if not _LINUX:
+            return from_record(rec), ""
+        mode = _procfs.pid_lock_mode(recorded.pid, self.dev, self.ino)
+        if mode is None:
+            note = "unverified: pylock may not inspect that process's descriptors"
+            return self.kernel_holder(recorded.pid, now, False, False, note), ""
+        if mode != "exclusive":
+            why = "holds it shared" if mode else "no longer holds it"
+            return None, f"the record names pid {recorded.pid}, which {why}"
+        return self.kernel_holder(recorded.pid, now, False, True), ""
+
+    def kernel_holders(self) -> list[Holder]:
+        """The holders whose own descriptors show the lock (Linux), all verified."""
+        return [h for h in self.linux_holders(every=True)[0] if h.verified]
 
     def held_by_probe(self) -> bool:
         """Whether anyone holds the lock, by taking a shared lock for a moment

@@ -68,6 +68,13 @@ def pid_lock_mode(pid: int, dev: int, ino: int) -> str | None:
     return "shared" if True in modes else ""
 
 
+def pid_holds(pid: int, dev: int, ino: int) -> bool | None:
+    """Whether pid has a descriptor that owns a flock on (dev, ino); None
+    when we may not look."""
+    mode = pid_lock_mode(pid, dev, ino)
+    return None if mode is None else mode != ""
+
+
 def holders_of(dev: int, ino: int) -> Iterator[FdLock]:
     """Every (pid, fd) whose open file description owns a flock on (dev, ino)."""
     key = _lock_key(dev, ino)

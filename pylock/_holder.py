@@ -84,36 +84,9 @@ class Holder:
 # -- what the kernel says about a process -------------------------------------------
 
 
-def _read_proc(pid: int, name: str) -> bytes:
-    try:
-        with open(f"/proc/{pid}/{name}", "rb") as f:
-            return f.read(8192)
-    except OSError:
-        return b""
-
-
-def _command_of(pid: int) -> tuple[str, tuple[str, ...]]:
-    """(program, argv) of a live process as the kernel shows them."""
-    raw = _read_proc(pid, "cmdline")
-    argv = tuple(os.fsdecode(part) for part in raw.split(b"\0") if part)
-    if argv:
-        return os.path.basename(argv[0]), argv
-    return os.fsdecode(_read_proc(pid, "comm").rstrip(b"\n")), ()
-
-
 def _cmdline(pid: int) -> tuple[str, ...]:
     """pid's argv as the kernel shows it (empty for a kernel thread or a zombie)."""
-    return _command_of(pid)[1]
-
-
-def _euid_of(pid: int) -> int | None:
-    for line in _read_proc(pid, "status").splitlines():
-        if line.startswith(b"Uid:"):
-            try:
-                return int(line.split()[2])
-            except (IndexError, ValueError):
-                return None
-    return None
+    return _procfs.command_of(pid)[1]
 
 
 def _at(rec: dict[str, Any]) -> _dt.datetime | None:
@@ -208,7 +181,7 @@ class _Inspection:
 
     def private_to(self, pid: int) -> bool:
         """Whether only pid's user (and root) can write the lock file."""
-        return self.uid == _euid_of(pid) and not self.mode & 0o022
+        return self.uid == _procfs.euid_of(pid) and not self.mode & 0o022
 
     def record_for(self, ident: ProcessIdentity, shared: bool) -> dict[str, Any] | None:
         """The record, if it describes this process holding the lock exclusively:
@@ -222,7 +195,7 @@ class _Inspection:
         self, pid: int, ident: ProcessIdentity, shared: bool, verified: bool, note: str = ""
     ) -> Holder:
         """A holder the kernel shows: everything from the kernel, but info and since when."""
-        program, argv = _command_of(pid)
+        program, argv = _procfs.command_of(pid)
         rec = self.record_for(ident, shared)
         return Holder(
             pid=pid,

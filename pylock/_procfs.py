@@ -114,3 +114,32 @@ def proc_locks(dev: int, ino: int) -> list[TableLock] | None:
             continue
         found.append(TableLock(max(pid, 0), words[3] == b"READ"))
     return found
+
+
+def _read(pid: int, name: str) -> bytes:
+    try:
+        with open(f"{PROC}/{pid}/{name}", "rb") as f:
+            return f.read(8192)
+    except OSError:
+        return b""
+
+
+def command_of(pid: int) -> tuple[str, tuple[str, ...]]:
+    """(program, argv) of a process as the kernel shows them: argv from
+    cmdline, the program its first word's name, or comm when cmdline is empty
+    (a kernel thread, a zombie)."""
+    argv = tuple(os.fsdecode(part) for part in _read(pid, "cmdline").split(b"\0") if part)
+    if argv:
+        return os.path.basename(argv[0]), argv
+    return os.fsdecode(_read(pid, "comm").rstrip(b"\n")), ()
+
+
+def euid_of(pid: int) -> int | None:
+    """pid's effective uid, from its status; None when it cannot be read."""
+    for line in _read(pid, "status").splitlines():
+        if line.startswith(b"Uid:"):
+            try:
+                return int(line.split()[2])
+            except (IndexError, ValueError):
+                return None
+    return None

@@ -111,6 +111,23 @@ def from_record(rec: dict[str, Any]) -> Holder:
     )
 
 
+def _from_kernel(lock: _procfs.FdLock, ident: ProcessIdentity, rec: Any = None) -> Holder:
+    """A holder seen in fdinfo, described by the kernel alone (no record: the
+    caller has no lock file whose owner and mode would say whom to believe)."""
+    program, argv = _procfs.command_of(lock.pid)
+    return Holder(
+        pid=lock.pid,
+        start_time=ident.start_time,
+        boot_id=ident.boot_id,
+        pidfs_ino=ident.pidfs_ino,
+        hostname=hostname(),
+        program=program,
+        argv=argv,
+        verified=True,
+        shared=lock.shared,
+    )
+
+
 def _record_identity(rec: dict[str, Any]) -> ProcessIdentity:
     return ProcessIdentity(
         rec["pid"], rec.get("start_time", 0), rec.get("boot_id", ""), rec.get("pidfs_ino", 0)
@@ -301,6 +318,15 @@ class _Inspection:
             why = "holds it shared" if mode else "no longer holds it"
             return None, f"the record names pid {recorded.pid}, which {why}"
         return self.kernel_holder(recorded.pid, now, False, True), ""
+
+    def held(self) -> bool:
+        """Whether anyone holds the lock: the kernel's lock table on Linux
+        (nothing is locked to ask), a probe elsewhere."""
+        if _LINUX:
+            table = _procfs.proc_locks(self.dev, self.ino)
+            if table is not None:
+                return bool(table)
+        return self.held_by_probe()
 
     def kernel_holders(self) -> list[Holder]:
         """The holders whose own descriptors show the lock (Linux), all verified."""

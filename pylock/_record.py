@@ -120,7 +120,7 @@ def _compact_json(value: Any) -> str:
         )
     import json  # anything else (the caller's info): json itself
 
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return json.dumps(value, separators=(",", ":"))
 
 
 def encode(payload: bytes) -> bytes:

@@ -57,19 +57,19 @@ class EtcdHolder(Holder):
 
     def alive(self) -> bool:
         """Whether this holder's key still exists (asks etcd)."""
-        from ._etcd_lock import key_exists
+        from ._etcd_exit import key_exists
 
         return key_exists(self)
 
     async def _pylock_holder_exit(self, timeout: float | None) -> None:
         """pylock.holder_exit() on an etcd holder: until its key is deleted."""
-        from ._etcd_lock import wait_deleted_async
+        from ._etcd_exit import wait_deleted_async
 
         await wait_deleted_async(self, timeout)
 
     def _pylock_wait_exit(self, timeout: float | None) -> bool:
         """pylock.wait_exit() on an etcd holder: True once its key is deleted."""
-        from ._etcd_lock import wait_deleted
+        from ._etcd_exit import wait_deleted
 
         return wait_deleted(self, timeout)
 

@@ -27,12 +27,10 @@ from ._etcd_client import (
     Cluster,
     DeadlinePassed,
     EtcdUnavailable,
-    etcd_loop,
     normalize_endpoints,
-    run_async,
-    run_blocking,
 )
 from ._etcd_holder import EtcdHolder, decode_holder, encode_record
+from ._etcd_loop import etcd_loop, run_async, run_blocking
 from ._etcd_session import RETRY_DELAY, Session
 from ._record import check_info
 from ._timeout import check_timeout, deadline_of
@@ -368,45 +366,6 @@ class EtcdLock:
 def _set_result(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-# -- waiting for an etcd holder to go (pylock.holder_exit / wait_exit) ---------
-
-
-async def _wait_gone(holder: EtcdHolder, deadline: float | None) -> None:
-    cluster = etcd_loop().cluster(holder.endpoints)
-    after = holder.revision
-    while True:
-        try:
-            if await cluster.deleted(holder.key, after, deadline):
-                return
-        except DeadlinePassed:
-            raise TimeoutError(f"{holder.describe()} still holds {holder.name!r}") from None
-        # The watched revisions were compacted: look at the key itself.
-        kv, after = await cluster.get(holder.key, deadline)
-        if kv is None or int(kv.create_revision) != holder.fencing_token:
-            return
-
-
-async def wait_deleted_async(holder: EtcdHolder, timeout: float | None) -> None:
-    await run_async(_wait_gone(holder, deadline_of(timeout)))
-
-
-def wait_deleted(holder: EtcdHolder, timeout: float | None) -> bool:
-    try:
-        run_blocking(_wait_gone(holder, deadline_of(timeout)))
-    except TimeoutError:
-        return False
-    return True
-
-
-def key_exists(holder: EtcdHolder) -> bool:
-    async def look() -> bool:
-        cluster = etcd_loop().cluster(holder.endpoints)
-        kv, _ = await cluster.get(holder.key, time.monotonic() + REQUEST_TIMEOUT)
-        return kv is not None and int(kv.create_revision) == holder.fencing_token
-
-    return run_blocking(look())
 
 
 def _forget_after_fork() -> None:

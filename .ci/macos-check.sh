@@ -81,6 +81,7 @@ done
 sym_objs=("$OUT"/aarch64-macos-*.o)
 if [[ " $TARGETS " == *" aarch64-macos "* ]] && [ -f "${sym_objs[0]}" ]; then
     for sym in pl_identity_of pl_proc_open pl_proc_wait pl_proc_returncode pl_sigchld_open \
+               pl_sigchld_drain pl_child_poll pl_procs_gone pl_procs_fingerprint \
                pl_lock_wait pl_waiter_cancel pl_wake_signal; do
         # Mach-O symbol names carry a leading underscore.
         if ! LC_ALL=C grep -a -q "_$sym" "${sym_objs[@]}"; then

@@ -79,8 +79,10 @@ def target() -> Iterator[NonChild]:
 
 @pytest.fixture
 def only_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No exact checks in turn: only the fingerprint path can see an exit."""
+    """No exact checks in turn: only the fingerprint path can see an exit.
+    No CPU budget either: check_now() runs back to back here."""
     monkeypatch.setattr(_exit_schedule, "EXACT_PER_TICK", 0)
+    monkeypatch.setattr(_exit_schedule, "SWEEP_BUDGET", float("inf"))
 
 
 def _fillers(schedule: IdentitySchedule, n: int, seen: list[str]) -> None:
@@ -105,6 +107,23 @@ def test_a_reaped_process_is_seen_through_the_fingerprint(
     assert schedule.check_now() == 1
     assert seen == ["target"]
     assert len(schedule) == 200
+
+
+def test_a_change_held_back_by_the_cpu_budget_is_not_lost(
+    target: NonChild, only_fingerprint: None
+) -> None:
+    schedule = IdentitySchedule(threaded=False)
+    seen: list[str] = []
+    _fillers(schedule, 100, seen)
+    schedule.add(target.pid, target.start_time, lambda: seen.append("target"))
+    assert schedule.check_now() == 0
+    schedule._next_sweep = float("inf")  # the budget is spent
+    target.say("kill")
+    target.say("reap")
+    assert schedule.check_now() == 0  # held back...
+    schedule._next_sweep = 0.0
+    assert schedule.check_now() == 1  # ...and answered once the budget allows
+    assert seen == ["target"]
 
 
 def test_an_unreaped_zombie_is_seen_by_the_checks_in_turn(target: NonChild) -> None:
@@ -169,6 +188,8 @@ RECYCLED = textwrap.dedent(
         hz = os.sysconf("SC_CLK_TCK")
         while int(time.clock_gettime(time.CLOCK_BOOTTIME) * hz) <= start + 1:
             time.sleep(0.002)  # the impostor must start in another clock tick
+
+    _exit_schedule.SWEEP_BUDGET = float("inf")  # check_now() runs back to back
 
     def recycle(case, exact_per_tick):
         _exit_schedule.EXACT_PER_TICK = exact_per_tick

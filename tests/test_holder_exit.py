@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import fcntl
 import gc
+import importlib.util
 import json
 import os
 import random
@@ -180,8 +181,32 @@ def child() -> Iterator[Child]:
     c.close()
 
 
+# Every event-loop test marked any_loop runs on asyncio's default loop and on
+# uvloop (when installed; .ci/run installs it).
+HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
+_loop_kind = ["asyncio"]
+
+
+@pytest.fixture(
+    params=[
+        "asyncio",
+        pytest.param("uvloop", marks=pytest.mark.skipif(not HAVE_UVLOOP, reason="uvloop")),
+    ]
+)
+def any_loop(request: pytest.FixtureRequest) -> Iterator[str]:
+    _loop_kind[0] = request.param
+    yield request.param
+    _loop_kind[0] = "asyncio"
+
+
 def run(coro: Any) -> Any:
-    return asyncio.run(coro)
+    factory = None
+    if _loop_kind[0] == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
 
 
 async def started(coro: Any) -> asyncio.Task[Any]:
@@ -195,6 +220,7 @@ async def started(coro: Any) -> asyncio.Task[Any]:
 # -- a process that is not our child -------------------------------------------
 
 
+@pytest.mark.usefixtures("any_loop")
 def test_sigkill_of_a_non_child_wakes_holder_exit(non_child: type[NonChild]) -> None:
     nc = non_child()
 
@@ -241,6 +267,7 @@ def test_exit_status_after_reap_on_kernels_with_pidfd_info_exit(
         pinned.close()
 
 
+@pytest.mark.usefixtures("any_loop")
 def test_a_non_child_zombie_reads_as_exited(non_child: type[NonChild]) -> None:
     nc = non_child()
     nc.kill()
@@ -253,6 +280,7 @@ def test_a_non_child_zombie_reads_as_exited(non_child: type[NonChild]) -> None:
 # -- children of the caller ----------------------------------------------------
 
 
+@pytest.mark.usefixtures("any_loop")
 @pytest.mark.parametrize(("code", "expected"), [("pass", 0), ("raise SystemExit(3)", 3)])
 def test_a_childs_status_is_reported_and_popen_still_reaps_it(code: str, expected: int) -> None:
     proc = subprocess.Popen([sys.executable, "-c", code])
@@ -261,6 +289,7 @@ def test_a_childs_status_is_reported_and_popen_still_reaps_it(code: str, expecte
     assert proc.returncode == expected
 
 
+@pytest.mark.usefixtures("any_loop")
 def test_a_killed_childs_status_is_minus_the_signal(child: Child) -> None:
     async def main() -> int | None:
         task = await started(holder_exit(child.pid))
@@ -323,6 +352,7 @@ def test_timeouts_that_mean_forever_wait_until_the_exit(child: Child, timeout: A
     assert wait_exit(child.pid, timeout=timeout) is True
 
 
+@pytest.mark.usefixtures("any_loop")
 @pytest.mark.parametrize("timeout", FOREVER, ids=repr)
 def test_holder_exit_timeouts_that_mean_forever(child: Child, timeout: Any) -> None:
     async def main() -> Any:
@@ -432,9 +462,12 @@ def _helpers_end() -> None:
 
 
 def _selector_size(loop: asyncio.AbstractEventLoop) -> int:
-    return len(loop._selector.get_map())  # type: ignore[attr-defined]
+    """Readers registered with the loop (uvloop does not show them: -1)."""
+    selector = getattr(loop, "_selector", None)
+    return -1 if selector is None else len(selector.get_map())
 
 
+@pytest.mark.usefixtures("any_loop")
 @pytest.mark.parametrize("kind", ["child", "non-child", "lock holder"])
 def test_cancellation_and_timeouts_leak_nothing(
     kind: str, non_child: type[NonChild], lock_path: str
@@ -508,6 +541,7 @@ def test_a_free_lock_has_no_holder_to_wait_for(lock_path: str) -> None:
     assert run(holder_exit(Lock(lock_path))) is None
 
 
+@pytest.mark.usefixtures("any_loop")
 def test_holder_exit_of_a_lock_held_by_a_child(lock_path: str) -> None:
     holder = HolderProcess(lock_path)
     try:
@@ -523,6 +557,7 @@ def test_holder_exit_of_a_lock_held_by_a_child(lock_path: str) -> None:
         holder.close()
 
 
+@pytest.mark.usefixtures("any_loop")
 @pytest.mark.parametrize("form", ["async", "sync"])
 def test_the_exit_of_a_lock_holder_that_is_not_our_child(
     form: str, lock_path: str, non_child: type[NonChild]
@@ -570,6 +605,7 @@ def test_a_holder_that_releases_but_lives_on_has_not_exited(
     run(main())
 
 
+@pytest.mark.usefixtures("any_loop")
 @pytest.mark.parametrize("form", ["async", "sync"])
 def test_a_lock_whose_holder_cannot_be_identified(form: str, lock_path: str) -> None:
     # The lock is held by an open file description that no process has in
@@ -609,6 +645,7 @@ def test_a_lock_whose_holder_cannot_be_identified(form: str, lock_path: str) -> 
         drop()
 
 
+@pytest.mark.usefixtures("any_loop")
 def test_holder_targets(child: Child) -> None:
     ident = _process.identity_of(child.pid)
     assert ident is not None
@@ -660,6 +697,7 @@ def _sleepers(n: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen(["sleep", "3600"]) for _ in range(n)]
 
 
+@pytest.mark.usefixtures("any_loop")
 def test_exit_watcher_delivers_each_exit_as_it_happens() -> None:
     procs = _sleepers(100)
     try:
@@ -693,6 +731,7 @@ def test_exit_watcher_delivers_each_exit_as_it_happens() -> None:
                 p.wait()
 
 
+@pytest.mark.usefixtures("any_loop")
 def test_exit_watcher_sees_simultaneous_exits_callbacks_and_unwatch() -> None:
     procs = _sleepers(60)
     try:
@@ -731,6 +770,7 @@ def test_exit_watcher_sees_simultaneous_exits_callbacks_and_unwatch() -> None:
             p.wait()
 
 
+@pytest.mark.usefixtures("any_loop")
 def test_exit_watcher_futures_cancel_cleanly() -> None:
     procs = _sleepers(20)
     try:

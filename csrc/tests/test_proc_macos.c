@@ -284,9 +284,9 @@ static int sigchld_chains(void)
     int64_t fd, again;
     int release, exited = 0, rc = 0, bad = 0, heard = 0;
     signal(SIGCHLD, prev_handler);
-    if (pl_sigchld_open(&fd, &heard) != 0)
+    if (pl_sigchld_open(&fd, &heard) != 0 || !heard)
         return 1;
-    if (pl_sigchld_open(&again, &heard) != 0 || again != fd)
+    if (pl_sigchld_open(&again, &heard) != 0 || again != fd || !heard)
         bad++;
     pid_t pid = spawn_blocker(&release, 4);
     close(release);
@@ -308,7 +308,7 @@ static int sigchld_chains(void)
 static int sigchld_ignored(void)
 {
     int64_t fd;
-    int heard = 0;
+    int heard;
     signal(SIGCHLD, SIG_IGN);
     return pl_sigchld_open(&fd, &heard) == ECHILD ? 0 : 1;
 }

@@ -1092,6 +1092,8 @@ static void test_process_exit(void)
         CHECK_EQ(pl_sigchld_open(&fd, &heard), ENOSYS);
     }
     CHECK_EQ(pl_sigchld_drain(0), ENOSYS);
+    CHECK_EQ(pl_procs_fingerprint(NULL, NULL), ENOSYS);
+    CHECK_EQ(pl_procs_gone(NULL, NULL, 0, 0, 0, NULL), ENOSYS);
 }
 
 /* ---- main ------------------------------------------------------------- */

@@ -11,8 +11,9 @@ JSON.  What a hostile or merely busy host does there:
   (item 9);
 - has a Python SIGCHLD handler (no SA_RESTART): pylock's chained handler
   must keep its flags (item 10);
-- carries a second copy of pylock under another extension name, built here:
-  both copies chain, and none may recurse into the other (item 11).
+- carries a second copy of pylock under another extension name, built here,
+  or a library that re-installs its chaining handler in front of pylock's:
+  no handler may recurse into the other until the stack overflows (item 11).
 """
 
 from __future__ import annotations
@@ -311,3 +312,62 @@ def test_two_copies_of_pylock_in_one_process(vendored: Path) -> None:
     out = _run_case(TWO_COPIES, str(vendored))
     assert out["async"] == [0] * 6  # sleepers given a code on stdin exit 0
     assert out["sync"] is True
+
+
+# -- item 11: any handler that chains back -------------------------------------------
+
+# A library that puts its SIGCHLD handler in front of whatever is installed,
+# chaining to it, and does so again whenever it likes: once pylock is in
+# front of it, its second install makes each handler call the other.
+RELINKER_C = r"""
+#include <signal.h>
+#include <string.h>
+static struct sigaction prev;
+static volatile sig_atomic_t calls;
+static void handler(int sig, siginfo_t *si, void *uc)
+{
+    calls++;
+    if (prev.sa_flags & SA_SIGINFO)
+        prev.sa_sigaction(sig, si, uc);
+    else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN)
+        prev.sa_handler(sig);
+}
+int relink(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = handler;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGCHLD, &sa, &prev);
+}
+int calls_so_far(void) { return calls; }
+"""
+
+CHAIN_BACK = """
+lib = ctypes.CDLL(sys.argv[1])
+assert lib.relink() == 0  # the library first: relinker -> SIG_DFL
+p = sleeper()
+async def main():
+    task = await started(pylock.holder_exit(p.pid, timeout=30))  # pylock -> relinker
+    assert lib.relink() == 0  # relinker -> pylock -> relinker -> ...
+    end(p, 0)
+    return await task
+out["rc"] = asyncio.run(main())
+p.wait()
+out["calls"] = lib.calls_so_far()
+print(json.dumps(out))
+"""
+
+
+def test_a_handler_that_chains_back_does_not_recurse(tmp_path: Path) -> None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the chaining library")
+    src = tmp_path / "relinker.c"
+    src.write_text(RELINKER_C)
+    lib = tmp_path / "librelinker.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    out = _run_case(CHAIN_BACK, str(lib))
+    assert out["rc"] == 0
+    assert 1 <= out["calls"] <= 4  # once per SIGCHLD, not until the stack overflows

@@ -1,15 +1,12 @@
 /*
- * pylock's C core, processes on Linux: pidfd pinning, /proc identity, and
- * for kernels (or seccomp policies) without pidfd_open the facts the
- * fallback needs: SIGCHLD masks and cheap identity checks of many
- * processes.  What Linux shares with macOS is in proc_posix.c and
- * sigchld_posix.c.
+ * pylock's C core, processes on Linux: pidfd pinning and /proc identity.
+ * What the fallback without pidfd_open needs is in fallback_linux.c; what
+ * Linux shares with macOS in proc_posix.c and sigchld_posix.c.
  */
 #ifdef __linux__
 
 #include "pylock_proc.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -27,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pl_linux_internal.h"
 #include "pl_proc_internal.h"
 #include "pl_wait_internal.h"
 
@@ -56,7 +54,7 @@ struct pl_pidfd_info {
 /* ------------------------------------------------------------------ */
 /* small file helpers                                                   */
 
-static int read_small(const char *path, char *buf, size_t cap, size_t *len)
+int pl__read_small(const char *path, char *buf, size_t cap, size_t *len)
 {
     int fd;
     size_t n = 0;
@@ -90,7 +88,7 @@ static int64_t pid_max(void)
     char buf[32];
     size_t len;
 
-    if (read_small("/proc/sys/kernel/pid_max", buf, sizeof buf, &len) != 0)
+    if (pl__read_small("/proc/sys/kernel/pid_max", buf, sizeof buf, &len) != 0)
         return INT_MAX; /* /proc not mounted: the kernel range check decides */
     return strtoll(buf, NULL, 10);
 }
@@ -103,7 +101,7 @@ static void read_boot_id(void)
     char buf[64];
     size_t len;
 
-    if (read_small("/proc/sys/kernel/random/boot_id", buf, sizeof buf, &len) != 0)
+    if (pl__read_small("/proc/sys/kernel/random/boot_id", buf, sizeof buf, &len) != 0)
         return; /* left empty: identities then compare by start time alone */
     while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == ' '))
         buf[--len] = '\0';
@@ -121,14 +119,14 @@ static void fill_boot_id(pl_identity *out)
 
 /* /proc/<pid>/stat: state (field 3) and starttime (field 22).  comm (field 2)
  * may hold spaces and parentheses, so fields are counted after the LAST ')'. */
-static int read_stat(int64_t pid, uint64_t *starttime, char *state)
+int pl__read_stat(int64_t pid, uint64_t *starttime, char *state)
 {
     char path[64], buf[1024];
     size_t len;
     int rc;
 
     snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
-    rc = read_small(path, buf, sizeof buf, &len);
+    rc = pl__read_small(path, buf, sizeof buf, &len);
     if (rc == ENOENT || rc == ESRCH)
         return ESRCH;
     if (rc != 0)
@@ -162,7 +160,7 @@ static int is_thread_group_leader(int64_t pid)
     size_t len;
 
     snprintf(path, sizeof path, "/proc/%lld/status", (long long)pid);
-    if (read_small(path, buf, sizeof buf, &len) != 0)
+    if (pl__read_small(path, buf, sizeof buf, &len) != 0)
         return 1; /* cannot tell: the stat read already proved it exists */
     char *p = strstr(buf, "\nTgid:");
     if (p == NULL)
@@ -202,7 +200,7 @@ static int pidfd_reaped(int fd)
     char path[64], buf[512];
     size_t len;
     snprintf(path, sizeof path, "/proc/self/fdinfo/%d", fd);
-    if (read_small(path, buf, sizeof buf, &len) != 0)
+    if (pl__read_small(path, buf, sizeof buf, &len) != 0)
         return -1;
     char *p = strstr(buf, "\nPid:");
     if (p == NULL)
@@ -250,7 +248,7 @@ static int pinned_identity(int fd, int64_t pid, pl_identity *out, char *state)
             return errno;
         out->pidfs_ino = (uint64_t)st.st_ino;
     }
-    rc = read_stat(pid, &out->start_time, state);
+    rc = pl__read_stat(pid, &out->start_time, state);
     if (rc != 0)
         return rc;
     /* The pidfd holds the pid while the process exists (a zombie too), so
@@ -271,7 +269,7 @@ int pl_proc_identity(pl_handle h, int64_t pid, pl_identity *out)
     return pinned_identity((int)h, pid, out, &state);
 }
 
-static int is_dead_state(char state)
+int pl__is_dead_state(char state)
 {
     return state == 'Z' || state == 'X' || state == 'x';
 }
@@ -293,13 +291,13 @@ int pl_identity_of(int64_t pid, pl_identity *out)
         /* No pidfd here: the same facts, unpinned. */
         memset(out, 0, sizeof *out);
         out->pid = pid;
-        rc = read_stat(pid, &out->start_time, &state);
+        rc = pl__read_stat(pid, &out->start_time, &state);
         if (rc == 0 && !is_thread_group_leader(pid))
             rc = ESRCH;
         if (rc == 0)
             fill_boot_id(out);
     }
-    if (rc == 0 && is_dead_state(state))
+    if (rc == 0 && pl__is_dead_state(state))
         rc = ESRCH;
     return rc;
 }
@@ -404,125 +402,6 @@ int pl_proc_returncode(pl_handle h, int64_t pid, int *returncode)
 int pl_proc_event_fd(pl_handle h, int64_t *fd)
 {
     *fd = h;
-    return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* fallback: SIGCHLD masks, and the identity checks of non-children     */
-
-static int blocked_in_status(const char *path)
-{
-    char buf[2048];
-    size_t len;
-
-    if (read_small(path, buf, sizeof buf, &len) != 0)
-        return -1;
-    char *p = strstr(buf, "\nSigBlk:");
-    if (p == NULL)
-        return -1;
-    unsigned long long mask = strtoull(p + 8, NULL, 16);
-    return (mask >> (SIGCHLD - 1)) & 1ULL ? 1 : 0;
-}
-
-/* Any thread that does not block SIGCHLD takes process-directed SIGCHLD,
- * and pylock's handler runs there. */
-int pl__sigchld_blocked_everywhere(void)
-{
-    sigset_t cur;
-    char path[64];
-    struct dirent *de;
-    int all = 1;
-
-    if (pthread_sigmask(SIG_BLOCK, NULL, &cur) != 0 || !sigismember(&cur, SIGCHLD))
-        return 0;
-    DIR *d = opendir("/proc/self/task");
-    if (d == NULL)
-        return 1; /* only this thread can be seen, and it blocks SIGCHLD */
-    while ((de = readdir(d)) != NULL) {
-        if (de->d_name[0] == '.')
-            continue;
-        snprintf(path, sizeof path, "/proc/self/task/%.20s/status", de->d_name);
-        if (blocked_in_status(path) == 0) {
-            all = 0;
-            break;
-        }
-    }
-    closedir(d);
-    return all;
-}
-
-/* /proc/loadavg ends with "running/threads last_pid": the number of tasks
- * on the machine (it drops when one is reaped) and the last pid handed out
- * in this pid namespace (it moves when one is created).  One read of a
- * small file, whatever the number of watched processes. */
-static int loadavg_fd = -1;
-static pthread_mutex_t loadavg_mu = PTHREAD_MUTEX_INITIALIZER;
-
-int pl_procs_fingerprint(uint64_t *tasks, int64_t *last_pid)
-{
-    char buf[128];
-    ssize_t n;
-
-    pthread_mutex_lock(&loadavg_mu);
-    if (loadavg_fd < 0) {
-        do {
-            loadavg_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-        } while (loadavg_fd < 0 && errno == EINTR);
-    }
-    if (loadavg_fd < 0) {
-        int e = errno;
-        pthread_mutex_unlock(&loadavg_mu);
-        return e;
-    }
-    do {
-        n = pread(loadavg_fd, buf, sizeof buf - 1, 0);
-    } while (n < 0 && errno == EINTR);
-    int e = n < 0 ? errno : 0;
-    pthread_mutex_unlock(&loadavg_mu);
-    if (n < 0)
-        return e;
-    buf[n] = '\0';
-    char *slash = strchr(buf, '/');
-    if (slash == NULL)
-        return EIO;
-    char *end;
-    *tasks = strtoull(slash + 1, &end, 10);
-    if (end == slash + 1)
-        return EIO;
-    *last_pid = strtoll(end, NULL, 10);
-    return 0;
-}
-
-int pl_procs_gone(const int64_t *pids, const uint64_t *start_times, int64_t n,
-                  int64_t exact_after, int64_t exact_upto, uint8_t *gone)
-{
-    for (int64_t i = 0; i < n; i++) {
-        int64_t pid = pids[i];
-        gone[i] = 0;
-        if (!pl__valid_pid(pid)) {
-            gone[i] = 1;
-            continue;
-        }
-        int exact = exact_after < exact_upto ? (pid > exact_after && pid <= exact_upto)
-                                             : (pid > exact_after || pid <= exact_upto);
-        if (exact_after == exact_upto)
-            exact = 0;
-        if (!exact) {
-            /* The cheapest question the kernel answers about any pid, with
-             * no permission check: does it exist (a zombie does)? */
-            if (getpgid((pid_t)pid) < 0 && errno == ESRCH)
-                gone[i] = 1;
-            continue;
-        }
-        uint64_t start = 0;
-        char state = 0;
-        int rc = read_stat(pid, &start, &state);
-        if (rc == ESRCH || (rc == 0 && (is_dead_state(state) ||
-                                        (start_times[i] != 0 && start != start_times[i]))))
-            gone[i] = 1;
-        else if (rc != 0 && rc != EACCES && rc != EPERM)
-            return rc;
-    }
     return 0;
 }
 

@@ -14,6 +14,7 @@ SOURCES = {
         "lock_posix.c",
         "wait_posix.c",
         "proc_linux.c",
+        "fallback_linux.c",
         "proc_posix.c",
         "sigchld_posix.c",
     ],

@@ -1,7 +1,7 @@
 /*
  * Tests of pylock's Linux process core, run under ASan/UBSan by .ci/run:
  *   cc -fsanitize=address,undefined csrc/claim.c csrc/lock_posix.c csrc/wait_posix.c \
- *      csrc/proc_linux.c csrc/proc_posix.c csrc/sigchld_posix.c \
+ *      csrc/proc_linux.c csrc/fallback_linux.c csrc/proc_posix.c csrc/sigchld_posix.c \
  *      csrc/tests/test_proc_linux.c -lpthread -lrt
  * Real processes throughout; synchronisation through pipes and waitid, never
  * sleeps.  Tests that change process-wide signal state run in a forked child.

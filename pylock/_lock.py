@@ -242,8 +242,11 @@ class Lock:
     # SIGTERM handler) are raised only after a call returns or at a jump
     # back, never between two C calls.  So every path that may have taken
     # the kernel lock gives it back in an except clause whose first act is a
-    # C call, and the guard is released in a finally around it: an acquire
-    # returns holding the lock or raises holding nothing.
+    # C call (a Python call would be a point where another exception lands),
+    # and the guard is released in a finally around it: an acquire returns
+    # holding the lock or raises holding nothing.  Unlocking when nothing is
+    # held is harmless: the guard keeps everyone else in this process off
+    # this descriptor.
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take the lock, waiting in the kernel for the holder's release or death.
@@ -281,21 +284,16 @@ class Lock:
                 self._acquire_slow(rc, blocking, deadline, timeout, owner)
             self._owner = owner
         except BaseException:
+            # Nothing but C calls in here: a handler's exception can only land
+            # after one returns (see above), and the finally still runs.
             try:
-                self._give_back()
+                _unlock(self._handle)  # held or not (-1: EBADF, nothing)
             finally:
                 guard.release()
             raise
         if _observer is not None:
             _observer.acquired(self)
         return True
-
-    def _give_back(self) -> None:
-        """Drop whatever an interrupted acquisition may hold in the kernel.
-        Safe when nothing is held: the guard keeps everyone else in this
-        process off this descriptor."""
-        if self._handle >= 0:
-            _unlock(self._handle)
 
     def _acquire_slow(
         self, rc: int, blocking: bool, deadline: float | None, timeout: float | None, owner: object
@@ -382,7 +380,7 @@ class Lock:
                 os.strerror(code),
             )
 
-    # -- asyncio ---------------------------------------------------------------
+    # -- asyncio (in _lock_async, loaded on first use) -------------------------
 
     async def acquire_async(self, timeout: float | None = None) -> bool:
         """Take the lock from a coroutine without blocking the event loop.
@@ -392,141 +390,14 @@ class Lock:
         Cancelling the task (or the timeout) never blocks the loop and leaves
         nothing behind, never the lock.
         """
-        import asyncio  # loaded lazily: programs that only lock never pay for it
+        from ._lock_async import acquire_async
 
-        owner = _task_owner(asyncio)
-        if self._owner is owner:
-            raise ReentrantAcquire(
-                f"{self.path}: this task already holds this Lock; pylock locks are not reentrant"
-            )
-        deadline = deadline_of(timeout)
-        while not self._guard.acquire(False):
-            await self._wait_for_object(asyncio, deadline, timeout)
-        handed_over = [False]  # the guard went to an abandoned wait's thread
-        try:
-            if self._handle < 0:
-                self._open()
-            rc = _acquire(self._lf)
-            if _observer is not None and rc == errno.EWOULDBLOCK:
-                _observer.conflicted(self)
-            while rc > 0:  # < 0: held, but the record could not be written
-                if rc == errno.EWOULDBLOCK:
-                    if passed(deadline):
-                        self._raise_held(True, timeout)
-                    self._refuse_self_deadlock(owner)
-                    await self._wait_async(asyncio, deadline, timeout, handed_over)
-                    rc = lib.pl_claim(self._lf)
-                else:
-                    rc = self._retry_after(rc)
-            if rc:
-                self._warn_no_record(-rc)
-            self._owner = owner
-            if _observer is not None:
-                _observer.acquired(self)
-        except BaseException:
-            if not handed_over[0]:
-                try:
-                    self._give_back()
-                finally:
-                    self._guard.release()
-                    self._wake_object_waiter()
-            raise
-        return True
-
-    async def _wait_for_object(
-        self, asyncio: Any, deadline: float | None, timeout: float | None
-    ) -> None:
-        """Sleep until this Lock object is released by whoever holds it here."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        entry = (loop, future)
-        with self._object_waiters_mu:
-            self._object_waiters.append(entry)
-        # Released between our try and the append: nobody would wake us.
-        if not self._guard.locked():
-            self._wake_object_waiter()
-        try:
-            remaining = _seconds_until(deadline)
-            await asyncio.wait_for(future, None if remaining < 0 else remaining)
-        except BaseException as exc:
-            with self._object_waiters_mu:
-                queued = entry in self._object_waiters
-                if queued:
-                    self._object_waiters.remove(entry)
-            if not queued:
-                # We were woken but give up (cancelled, timed out): pass
-                # the wake-up on, or the next waiter sleeps forever.
-                self._wake_object_waiter()
-            if isinstance(exc, asyncio.TimeoutError):
-                self._raise_held(True, timeout)
-            raise
+        return await acquire_async(self, timeout)
 
     def _wake_object_waiter(self) -> None:
-        """Wake the first waiting coroutine whose loop still runs."""
-        while True:
-            with self._object_waiters_mu:
-                if not self._object_waiters:
-                    return
-                loop, future = self._object_waiters.pop(0)
-            try:
-                if not loop.is_closed():
-                    loop.call_soon_threadsafe(_set_result, future)
-                    return
-            except RuntimeError:  # closed meanwhile
-                pass
+        from ._lock_async import wake_object_waiter
 
-    async def _wait_async(
-        self, asyncio: Any, deadline: float | None, timeout: float | None, handed_over: list[bool]
-    ) -> None:
-        """Wait in a pylock thread.  If the task gives up while the wait is
-        still running, the guard passes to the wait (handed_over), whose
-        thread gives back any grant and releases the guard when it ends."""
-        from ._wait import LoopWait
-
-        wait = LoopWait(
-            asyncio.get_running_loop(),
-            self._c_wait(),
-            deadline,
-            self._orphaned,
-            f"pylock wait {self.path}",
-        )
-        try:
-            rc = await asyncio.shield(wait.future)
-        except BaseException as exc:
-            # Giving up: interrupt the wait and see how it ended, so that
-            # the task raises holding nothing.  The await is short (the wake
-            # signal ends the wait) and never blocks the loop.
-            ended = None
-            if not isinstance(exc, GeneratorExit) and wait.interrupt():
-                try:
-                    ended = await asyncio.shield(wait.future)
-                except BaseException:
-                    ended = None
-            if ended is None:
-                ended = wait.abandon()
-            if ended is None:
-                handed_over[0] = True  # its thread gives back and frees the guard
-            elif ended == 0:
-                self._give_back()
-            raise
-        wait.join()
-        if rc == errno.ETIMEDOUT:
-            self._raise_held(True, timeout)
-        if rc == errno.ENOTSUP:
-            from ._wait import no_wake_signal
-
-            raise no_wake_signal(f"{self.path}: acquire_async()")
-        if rc:
-            fail(rc, self.path)
-
-    def _orphaned(self, rc: int) -> None:
-        """A wait whose task gave up has ended (in its thread)."""
-        try:
-            if rc == 0:
-                self._give_back()
-        finally:
-            self._guard.release()
-            self._wake_object_waiter()
+        wake_object_waiter(self)
 
     # -- releasing ---------------------------------------------------------
 
@@ -615,52 +486,12 @@ class Lock:
         self.release()
 
 
-def _set_result(future: asyncio.Future[Any], value: Any = None) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
 def _seconds_until(deadline: float | None) -> float:
     """threading.Lock.acquire's timeout for the time left (-1: forever)."""
     if deadline is None:
         return -1
     left = deadline - time.monotonic()
     return min(max(left, 0.0), _TIMEOUT_MAX)
-
-
-def _task_owner(asyncio: Any) -> object:
-    """The task that will hold the lock, or this thread's token outside tasks.
-
-    A task that runs nothing but acquire_async (asyncio.wait_for on Python
-    3.11 wraps the coroutine in one; so does create_task(lock.acquire_async()))
-    acquires for the task awaiting it, so the lock is that task's.
-    """
-    task = asyncio.current_task()
-    if task is None:
-        return _this_thread.token
-    coro = task.get_coro()
-    if getattr(coro, "cr_code", None) is _ACQUIRE_ASYNC_CODE:
-        awaiting = _awaiting_task(asyncio, task)
-        if awaiting is not None:
-            return awaiting
-    return task
-
-
-def _awaiting_task(asyncio: Any, task: Any) -> object | None:
-    waiting_on = {id(task)}
-    # wait_for on 3.11 awaits a future that a done-callback of the inner
-    # task completes; a plain await waits on the task itself.
-    for callback, _ in getattr(task, "_callbacks", None) or ():
-        for arg in getattr(callback, "args", ()):
-            if isinstance(arg, asyncio.Future):
-                waiting_on.add(id(arg))
-    for other in asyncio.all_tasks(task.get_loop()):
-        if other is not task and id(getattr(other, "_fut_waiter", None)) in waiting_on:
-            return other  # type: ignore[no-any-return]
-    return None
-
-
-_ACQUIRE_ASYNC_CODE = Lock.acquire_async.__code__
 
 
 def _after_fork_in_child() -> None:

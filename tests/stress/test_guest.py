@@ -178,9 +178,15 @@ SIGNAL_STORM = """
     signal.signal(signal.SIGALRM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, ALRM)
     churner.kill()
-    acquired = rounds
-    print(json.dumps({"rounds": rounds, "acquired": acquired, "interrupted": interrupted,
-                      "broken": broken}))
+    churner.wait()
+    # No guard or kernel lock stranded by the storm: the lock still works.
+    try:
+        usable = lock.acquire(timeout=10)
+        lock.release()
+    except pylock.LockError as exc:
+        usable = repr(exc)
+    print(json.dumps({"rounds": rounds, "interrupted": interrupted, "broken": broken,
+                      "usable_after": usable}))
 """
 
 
@@ -193,6 +199,12 @@ def test_exceptions_from_signal_handlers_never_split_locked_from_the_kernel(
     figures(**out)
     assert out["interrupted"] > 0, "the storm never interrupted anything"
     assert out["broken"] == 0
+    # Known residual, reported, not asserted: an exception landing exactly
+    # after this Lock object's in-process guard is taken and before the
+    # acquisition's try begins strands the guard (the kernel lock is not
+    # held; other users of this Lock object wait).  Closing it needs the
+    # guard taken in the same C call as the lock (README, known limits).
+    figures(usable_after_storm=out["usable_after"] is True)
 
 
 HANDOVER_RACE = """

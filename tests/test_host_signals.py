@@ -170,12 +170,19 @@ def test_threads_that_block_every_signal_still_time_out_and_cancel(tmp_path) -> 
                 return time.monotonic() - t0
             result["wait_for_took"] = asyncio.run(cancel_in_masked_loop())
             result["pending"] = pending_signals()
-        t = threading.Thread(target=worker)
+        def guarded():
+            try:
+                worker()
+            except BaseException as exc:
+                import traceback
+                result["error"] = traceback.format_exc()
+        t = threading.Thread(target=guarded)
         t.start()
         t.join()
         report(**result)
         """,
     )
+    assert "error" not in out, out.get("error")
     assert max(out["late"]) < 1.0
     assert out["mask_kept"], "pylock left its signal unblocked in the program's thread"
     assert out["wait_for_took"] < 2.0

@@ -62,6 +62,12 @@ else:
 _extra = [] if sys.platform == "win32" else ["-std=c11", "-Wall", "-Wextra"]
 if os.environ.get("PYLOCK_WERROR") == "1" and sys.platform != "win32":
     _extra.append("-Werror")
+if _free_threaded() and sys.platform != "win32":
+    # cffi (up to 2.1 at least) both passes -D_CFFI_NO_LIMITED_API and writes
+    # "#define _CFFI_NO_LIMITED_API" into the wrapper on free-threaded builds:
+    # a redefinition warning, fatal under -Werror.  Undefining the command
+    # line's copy (-U is applied after -D) leaves the wrapper's own.
+    _extra.append("-U_CFFI_NO_LIMITED_API")
 
 ffibuilder.set_source(
     "pylock._native",

@@ -10,6 +10,8 @@ the suite's gating: on probes of this machine and on declared markers.
   for anyone else.
 - `slow`: a stress scenario (every test under tests/stress); deselect with
   ``-m "not slow"``.
+- `checkout`: the test reads the source tree (csrc/, examples/); skipped when
+  the tests run against an installed wheel from a directory of their own.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import IS_ROOT, LINUX
+from tests.support import CHECKOUT, IS_ROOT, LINUX
 from tests.support.children import HolderProcess
 from tests.support.kernel_locks import open_fds
 
@@ -53,6 +55,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     needs_linux = pytest.mark.skip(reason="needs Linux (/proc, flock(1), mounts, namespaces)")
     needs_root = pytest.mark.skip(reason="needs root (mounts, other users, chosen pids)")
+    needs_checkout = pytest.mark.skip(reason="reads the source tree; these tests run without it")
     for item in items:
         if _STRESS_DIR in Path(item.path).parents:
             item.add_marker(pytest.mark.slow)
@@ -60,6 +63,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(needs_linux)
         if not IS_ROOT and item.get_closest_marker("root") is not None:
             item.add_marker(needs_root)
+        if not CHECKOUT and item.get_closest_marker("checkout") is not None:
+            item.add_marker(needs_checkout)
 
 
 def pytest_report_header() -> str:

@@ -14,6 +14,7 @@ import pytest
 from tests.support import REPO_ROOT, env_with_repo
 
 EXAMPLE = os.path.join(REPO_ROOT, "examples", "daemon.py")
+pytestmark = pytest.mark.checkout  # runs examples/daemon.py
 
 
 def free_port() -> int:

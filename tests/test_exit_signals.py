@@ -308,6 +308,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.checkout  # builds a second copy from pylock/ and csrc/
 def test_two_copies_of_pylock_in_one_process(vendored: Path) -> None:
     out = _run_case(TWO_COPIES, str(vendored))
     assert out["async"] == [0] * 6  # sleepers given a code on stdin exit 0

@@ -12,6 +12,8 @@ import pytest
 
 from pylock._native import lib
 
+pytestmark = pytest.mark.checkout  # reads csrc/ and pylock/ of the source tree
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # The wheel check runs the suite against an installed wheel, from a copy of

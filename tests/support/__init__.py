@@ -25,6 +25,12 @@ def is_root() -> bool:
 
 IS_ROOT = is_root()
 
+# Whether these tests sit in a source checkout (a wheel's tests run from a
+# directory holding only tests/ and pyproject.toml).
+CHECKOUT = os.path.isdir(os.path.join(REPO_ROOT, "csrc")) and os.path.isdir(
+    os.path.join(REPO_ROOT, "examples")
+)
+
 
 def env_with_repo(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a child that must import pylock and tests.support from

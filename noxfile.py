@@ -1,0 +1,183 @@
+"""pylock's CI, defined once: every check is a nox session, and both
+.ci/run (a clean Debian machine) and .github/workflows call these sessions.
+
+    nox -l                   # the sessions
+    nox -s lint              # ruff and mypy --strict
+    nox -s tests             # the suite (-- pytest arguments)
+    nox -s sanitizers        # the C core's tests under ASan/UBSan
+    nox -s seccomp           # the lock and exit suites with pidfd forbidden
+    nox -s windows           # the Windows core under Wine (mingw-w64)
+    nox -s macos_check       # the macOS core compile-checked (zig's clang)
+    nox -s wheels            # sdist, wheel, auditwheel, abi3audit, other CPythons
+    nox -s freethreaded      # a free-threaded CPython: the suite and a thread stress
+
+The system packages these need (gcc, flock(1), faketime, mingw-w64, wine,
+CPython's build dependencies) are installed by .ci/run on Debian; the
+GitHub workflows install what each runner lacks.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+C = runpy.run_path(str(ROOT / "csrc" / "sources.py"))
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
+# `nox` alone: everything a push must pass on Linux.
+nox.options.sessions = [
+    "lint",
+    "tests",
+    "sanitizers",
+    "seccomp",
+    "windows",
+    "macos_check",
+    "wheels",
+    "freethreaded",
+]
+
+# The suites that exercise pidfd and its fallback (seccomp session).
+PIDFD_SUITES = [
+    "tests/test_lock.py",
+    "tests/test_lock_async.py",
+    "tests/test_holder.py",
+    "tests/test_holder_exit.py",
+    "tests/test_process.py",
+    "tests/test_exit_signals.py",
+    "tests/test_exit_schedule.py",
+    "tests/test_portable.py",
+]
+
+PYTEST = ["python", "-m", "pytest", "-p", "no:cacheprovider"]
+# The C test programs (csrc/tests/), each linked with its platform's sources.
+C_TESTS = {
+    "linux": ["test_lock_posix.c", "test_proc_linux.c"],
+    "darwin": ["test_lock_posix.c", "test_proc_macos.c"],
+}
+# The optional extras pylock's code and tests use (mypy checks the code that
+# imports them; tests skip their cases without them), as .ci/run installs them.
+EXTRAS = [
+    "prometheus_client>=0.17",
+    "aetcd>=1.0,<2",
+    "uvloop; sys_platform != 'win32' and platform_python_implementation == 'CPython'",
+]
+TEST_DEPS = ["pytest", "hypothesis", *EXTRAS]
+
+
+def _install_pylock(session: nox.Session, *extra: str) -> None:
+    # Warnings are errors, as in the wheels ([tool.cibuildwheel] environment).
+    session.install("-e", ".", *extra, env={"PYLOCK_WERROR": "1"})
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (check everywhere, format on pylock/) and mypy --strict on pylock/."""
+    _install_pylock(session, "ruff", "mypy", *TEST_DEPS)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", "pylock")
+    session.run("mypy", "--strict", "pylock")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole suite (pytest arguments after --)."""
+    _install_pylock(session, *TEST_DEPS)
+    session.run(*PYTEST, *(session.posargs or ["tests"]))
+
+
+@nox.session(venv_backend="none")
+def sanitizers(session: nox.Session) -> None:
+    """The C core's tests under ASan and UBSan.
+
+    Each C test program of this platform, linked with the platform's sources
+    (csrc/sources.py), built with warnings as errors and run."""
+    platform = "win32" if sys.platform == "win32" else sys.platform
+    platform = "linux" if platform.startswith("linux") else platform
+    if platform == "win32":
+        session.skip("MSVC has no UBSan; the Windows core runs under Wine and natively")
+    cc = os.environ.get("CC", "cc")
+    flags = [
+        "-std=c11",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-g",
+        "-O1",
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+        "-fno-omit-frame-pointer",
+        "-Icsrc",
+    ]
+    libs: list[str] = []
+    if platform == "linux":
+        flags.insert(0, "-D_GNU_SOURCE")
+        libs = ["-lpthread", "-lrt"]
+    core = [f"csrc/{name}" for name in C["SOURCES"][platform]]
+    out = Path(session.create_tmp())
+    for test in C_TESTS[platform]:
+        program = out / Path(test).stem
+        source = f"csrc/tests/{test}"
+        session.run(cc, *flags, *core, source, "-o", str(program), *libs, external=True)
+        session.run(str(program), external=True)
+
+
+@nox.session
+def seccomp(session: nox.Session) -> None:
+    """The pidfd suites again on a simulated old kernel (seccomp).
+
+    pidfd_open, pidfd_send_signal and pidfd_getfd fail with ENOSYS, as before
+    Linux 5.3, so the signal-based fallbacks run."""
+    if not sys.platform.startswith("linux"):
+        session.skip("seccomp is Linux only")
+    _install_pylock(session, *TEST_DEPS)
+    session.run("python", "-m", "tests.support.seccomp", "--", *PYTEST, "-q", *PIDFD_SUITES)
+
+
+@nox.session
+def windows(session: nox.Session) -> None:
+    """The Windows core's C test under Wine.
+
+    Cross-compiled with mingw-w64; also compiled for x86_64 and ARM64
+    Windows with zig's clang."""
+    session.install("ziglang")
+    session.run("bash", ".ci/windows.sh", external=True, env={"PY": _venv_python(session)})
+
+
+@nox.session
+def macos_check(session: nox.Session) -> None:
+    """The macOS core (and the musl/aarch64 Linux targets) compiled with zig's clang."""
+    session.install("ziglang")
+    session.run("bash", ".ci/macos-check.sh", external=True, env={"PY": _venv_python(session)})
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """sdist and cp39-abi3 wheel, checked and tested (.ci/wheels.sh).
+
+    auditwheel, abi3audit --strict, cibuildwheel's configuration, and the
+    wheel's test suite on another CPython."""
+    session.run("bash", ".ci/wheels.sh", external=True, env={"PY": _venv_python(session)})
+
+
+@nox.session(venv_backend="none")
+def freethreaded(session: nox.Session) -> None:
+    """The suite and a 16-thread stress on free-threaded CPython.
+
+    The interpreter is built from Debian's source package once per machine
+    (.ci/freethreaded-python.sh, .ci/freethreaded-run.sh)."""
+    if not sys.platform.startswith("linux"):
+        session.skip("built from Debian's source package: Linux only")
+    env = {"PYLOCK_HOST_PYTHON": sys.executable}
+    session.run("bash", ".ci/freethreaded-run.sh", *session.posargs, external=True, env=env)
+
+
+def _venv_python(session: nox.Session) -> str:
+    bindir = session.bin
+    return str(Path(bindir) / ("python.exe" if sys.platform == "win32" else "python"))

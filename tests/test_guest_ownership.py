@@ -14,18 +14,9 @@ import threading
 import pytest
 
 import pylock
+from tests.support.kernel_locks import free_from_elsewhere
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
-
-
-def free_elsewhere(path: str) -> bool:
-    probe = pylock.Lock(path)
-    try:
-        return probe.acquire(blocking=False)
-    except pylock.LockHeld:
-        return False
-    finally:
-        probe.close()
 
 
 def wait_sleeping(thread: threading.Thread) -> None:
@@ -179,7 +170,7 @@ def test_a_kernel_wait_whose_loop_closed_gives_the_lock_back(lock_path: str) -> 
         for t in threads:
             t.join()
         assert not waiter.locked
-        assert free_elsewhere(lock_path)
+        assert free_from_elsewhere(lock_path)
     finally:
         gc.enable()
 

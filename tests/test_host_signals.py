@@ -54,6 +54,19 @@ PRELUDE = textwrap.dedent(
 
     def report(**fields):
         print(json.dumps(fields), flush=True)
+
+    async def cancel_a_kernel_wait():
+        # An acquire_async waiting in a pylock thread, cancelled: True once
+        # the task has raised CancelledError.
+        task = asyncio.ensure_future(waiter.acquire_async())
+        while not any("pylock wait" in t.name for t in threading.enumerate()):
+            await asyncio.sleep(0.001)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
     """
 )
 
@@ -104,18 +117,7 @@ def test_a_handler_installed_after_the_claim_is_never_called_by_pylock(tmp_path,
         if {restart}:
             signal.siginterrupt(signal.SIGRTMAX, False)  # SA_RESTART: flock would restart
         late = [timed_wait() for _ in range(5)]
-        cancel_ok = True
-        async def cancel_one():
-            task = asyncio.ensure_future(waiter.acquire_async())
-            await asyncio.sleep(0)
-            while not any("pylock wait" in t.name for t in threading.enumerate()):
-                await asyncio.sleep(0.001)
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                return True
-        cancelled = asyncio.run(cancel_one())
+        cancelled = asyncio.run(cancel_a_kernel_wait())
         report(late=late, calls=len(calls), cancelled=cancelled,
                still_theirs=signal.getsignal(signal.SIGRTMAX) is not signal.SIG_DFL)
         """,
@@ -154,14 +156,7 @@ def test_threads_that_block_every_signal_still_time_out_and_cancel(tmp_path) -> 
             result["mask_kept"] = signal.SIGRTMAX in mask_after
 
             async def cancel_in_masked_loop():
-                task = asyncio.ensure_future(waiter.acquire_async())
-                while not any("pylock wait" in t.name for t in threading.enumerate()):
-                    await asyncio.sleep(0.001)
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
+                await cancel_a_kernel_wait()
                 t0 = time.monotonic()
                 try:
                     await asyncio.wait_for(waiter.acquire_async(), 0.2)

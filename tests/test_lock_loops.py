@@ -15,6 +15,7 @@ from typing import Any, Callable
 import pytest
 
 import pylock
+from tests.support.kernel_locks import free_from_elsewhere
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 
@@ -45,16 +46,6 @@ def held_by_another_thread(path: str) -> pylock.Lock:
 async def until_waiting_in_kernel() -> None:
     while not any(t.name.startswith("pylock wait") for t in threading.enumerate()):
         await asyncio.sleep(0.001)
-
-
-def free_elsewhere(path: str) -> bool:
-    probe = pylock.Lock(path)
-    try:
-        return probe.acquire(blocking=False)
-    except pylock.LockHeld:
-        return False
-    finally:
-        probe.close()
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -94,7 +85,7 @@ def test_cancelling_a_kernel_wait_leaves_nothing_held(lock_path: str, loop: str)
 
     assert run_on(loop, main)
     holder.release()
-    assert free_elsewhere(lock_path)
+    assert free_from_elsewhere(lock_path)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -116,7 +107,7 @@ def test_timeout_and_wait_for_raise_and_never_acquire_later(lock_path: str, loop
 
     assert run_on(loop, main) == ["LockTimeout", "TimeoutError"]
     holder.release()
-    assert not lock.locked and free_elsewhere(lock_path)
+    assert not lock.locked and free_from_elsewhere(lock_path)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -139,4 +130,4 @@ def test_tasks_sharing_one_lock_object_take_turns(lock_path: str, loop: str) -> 
 
     run_on(loop, main)
     assert overlaps == 0
-    assert free_elsewhere(lock_path)
+    assert free_from_elsewhere(lock_path)

@@ -46,10 +46,13 @@ PRELUDE = textwrap.dedent(
         # Signals waiting for delivery in any thread of this process.
         mask = 0
         for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/status") as f:
-                for line in f:
-                    if line.startswith(("SigPnd:", "ShdPnd:")):
-                        mask |= int(line.split()[1], 16)
+            try:
+                with open(f"/proc/self/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith(("SigPnd:", "ShdPnd:")):
+                            mask |= int(line.split()[1], 16)
+            except FileNotFoundError:
+                pass  # a thread that ended meanwhile has nothing pending
         return mask
 
     def report(**fields):

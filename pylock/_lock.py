@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import time
 from _thread import TIMEOUT_MAX as _TIMEOUT_MAX
 from _thread import _local, allocate_lock
 from _weakrefset import WeakSet  # what weakref.WeakSet is, without weakref's import cost
@@ -22,7 +21,7 @@ from ._errors import (
 )
 from ._native import ffi, lib
 from ._syscall import check, fail, open_lock_file
-from ._timeout import deadline_of
+from ._timeout import deadline_of, seconds_left
 from ._wait import passed, wait_blocking
 
 # `import pylock` must cost little more than the interpreter's own start
@@ -488,10 +487,8 @@ class Lock:
 
 def _seconds_until(deadline: float | None) -> float:
     """threading.Lock.acquire's timeout for the time left (-1: forever)."""
-    if deadline is None:
-        return -1
-    left = deadline - time.monotonic()
-    return min(max(left, 0.0), _TIMEOUT_MAX)
+    left = seconds_left(deadline)
+    return -1 if left is None else min(left, _TIMEOUT_MAX)
 
 
 def _after_fork_in_child() -> None:

@@ -9,10 +9,10 @@ from typing import Any
 
 from . import _lock
 from ._errors import ReentrantAcquire
-from ._lock import Lock, _seconds_until
+from ._lock import Lock
 from ._native import lib
 from ._syscall import fail
-from ._timeout import deadline_of
+from ._timeout import deadline_of, seconds_left
 from ._wait import passed
 
 
@@ -75,8 +75,7 @@ async def _wait_for_object(lock: Lock, deadline: float | None, timeout: float | 
     if not lock._guard.locked():
         wake_object_waiter(lock)
     try:
-        remaining = _seconds_until(deadline)
-        await asyncio.wait_for(future, None if remaining < 0 else remaining)
+        await asyncio.wait_for(future, seconds_left(deadline))
     except BaseException as exc:
         with lock._object_waiters_mu:
             queued = entry in lock._object_waiters

@@ -229,8 +229,15 @@ def test_sigkill_of_holder_wakes_a_blocked_thread_at_once(lock_path: str, spawn_
     waiter.start()
     wait_blocked(lock_path, os.getpid())
     # The waiting thread sleeps in the kernel's flock wait, not in a retry loop.
-    with open(f"/proc/self/task/{got['tid']}/wchan") as f:
-        wchan = f.read()
+    # /proc/locks lists it as soon as it queues, a moment before it is off
+    # the CPU (wchan "0" then): read again until it has gone to sleep.
+    deadline = time.monotonic() + 10
+    while True:
+        with open(f"/proc/self/task/{got['tid']}/wchan") as f:
+            wchan = f.read()
+        if wchan != "0" or time.monotonic() > deadline:
+            break
+        os.sched_yield()
     assert "lock" in wchan, wchan
     assert task_states(os.getpid())[got["tid"]] == "S"  # type: ignore[index]
 

@@ -54,14 +54,15 @@ def sync_lock(lib: str, path: str, record: bytes) -> SyncLock:
         lock = pylock.Lock(path)
         lock.acquire()  # opens the file and builds the record
         lock.release()
-        lf, handle, claim, unlock = lock._lf, lock._handle, core.pl_acquire, core.pl_unlock
+        lf, claim, disown = lock._lf, core.pl_acquire, core.pl_disown
+        token = id(lock)  # any live object's id names the attempt
 
         def acquire_core() -> None:
             # The Lock stays referenced here: dropping it would close the file.
-            if claim(lf) or lock is None:
+            if claim(lf, token) or lock is None:
                 raise RuntimeError(f"{path}: pl_acquire failed")
 
-        return acquire_core, (lambda: unlock(handle))
+        return acquire_core, (lambda: disown(lf, token, 1))
     if lib == "filelock":
         import filelock
 

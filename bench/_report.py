@@ -23,7 +23,7 @@ LABELS = {
     "portalocker": "portalocker",
     "floor": "floor: `fcntl.flock` + `os.pwrite` (Python)",
     "floor-c": "bare floor: `flock`, `pwrite`, unlock, in C",
-    "pylock-core": "pylock's C core through cffi, no `Lock` (`pl_acquire`, `pl_unlock`)",
+    "pylock-core": "pylock's C core through cffi, no `Lock` (`pl_acquire`, `pl_disown`)",
     "floor-c-safe": "rename-safe floor: `flock`, `statx` of the path, `pwrite`, unlock, in C",
     "floor-async": "async floor: that in a thread + `call_soon_threadsafe`",
 }

@@ -35,14 +35,9 @@ def _cdef_of(header: str) -> str:
 
 
 def _constants() -> str:
-    # Values come from the C headers at compile time (API mode).
-    names = [
-        "PL_E_SYMLINK",
-        "PL_E_NOTREG",
-        "PL_E_UNLINKED",
-        "PL_OPEN_CREATE",
-        "PL_OPEN_READONLY",
-    ]
+    # Every PL_ constant pylock.h defines; values come from the header at
+    # compile time (API mode).
+    names = re.findall(r"^#define (PL_[A-Z_]+) ", open(os.path.join(HERE, "pylock.h")).read(), re.M)
     return "".join(f"#define {name} ...\n" for name in names)
 
 

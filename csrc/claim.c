@@ -7,6 +7,7 @@
 #include "pl_lock_internal.h"
 #include "pylock.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -219,9 +220,14 @@ int pl_claim(pl_lockfile *lf)
     return -lf->record_error;
 }
 
-int pl_acquire(pl_lockfile *lf)
+int pl_acquire(pl_lockfile *lf, uintptr_t token)
 {
-    int rc = pl_try_lock(lf->handle, lf->shared);
+    int rc = pl_own(lf, token, 0);
+    if (rc != 0)
+        return rc;
+    if (lf->handle < 0)
+        return EBADF;
+    rc = pl_try_lock(lf->handle, lf->shared);
     if (rc != 0) {
         lf->record_error = 0;
         return rc;

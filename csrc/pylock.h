@@ -18,6 +18,7 @@
 #define PL_E_SYMLINK 10001 /* the lock path is a symbolic link (or reparse point) */
 #define PL_E_NOTREG 10002  /* the lock path is a FIFO, socket or device */
 #define PL_E_UNLINKED 10003 /* the locked file left its path: released, reopen */
+#define PL_E_BUSY 10004     /* the Lock object is another attempt's (pl_own) */
 #define PL_OPEN_CREATE 1    /* create the file when it is missing */
 #define PL_OPEN_READONLY 2  /* open for reading only (lock still possible) */
 
@@ -108,7 +109,24 @@ typedef struct {
     uint64_t record_size; /* the file's size after this lock file's last
                              record write (0: none yet); kept by pl_claim, reset
                              by whoever opens a new descriptor */
+    uintptr_t owner;      /* the attempt that owns this lock file (pl_own);
+                             touched only through pl_own and pl_disown */
 } pl_lockfile;
+
+/* One attempt at a time owns a lock file, from before it opens or locks it
+ * until it has given it back: its token is a nonzero even number (the
+ * address of an object the attempt keeps alive, so that no other attempt can
+ * have it meanwhile).  Owning and giving back are single calls so that the
+ * caller can always tell, whatever interrupts it, whether it owns the file.
+ * pl_own: 0 when the file is (or already was) token's; PL_E_BUSY when another
+ * attempt owns it, and with waiting set that attempt is told someone waits,
+ * so that its pl_disown returns 1; EINVAL for a bad token.  An owner that got
+ * the file after waiting is told the same, as others may still wait. */
+int pl_own(pl_lockfile *lf, uintptr_t token, int waiting);
+/* If token owns the file: unlock it first when unlock is set (harmless when
+ * nothing is held), then free it.  Returns 1 when waiters are to be woken,
+ * 0 when none wait, -1 when token does not own it (nothing is done). */
+int pl_disown(pl_lockfile *lf, uintptr_t token, int unlock);
 
 /* Once the lock is held: check that path still names the file in st
  * (else unlock and return PL_E_UNLINKED, so the caller reopens the path and
@@ -122,9 +140,12 @@ typedef struct {
  * lock held: then the result is the negated errno (also in record_error),
  * so the common case costs Python no second look. */
 int pl_claim(pl_lockfile *lf);
-/* pl_try_lock, then pl_claim: the whole uncontended acquisition, one call
- * (0, -errno of a failed record write with the lock held, or an error). */
-int pl_acquire(pl_lockfile *lf);
+/* pl_own (without waiting), pl_try_lock, then pl_claim: the whole
+ * uncontended acquisition, one call (0, -errno of a failed record write with
+ * the lock held, or an error).  PL_E_BUSY: another attempt owns the file;
+ * EBADF: token owns it now, but it is not open (lf->handle < 0).  Every
+ * other result leaves the file token's, to give back with pl_disown. */
+int pl_acquire(pl_lockfile *lf, uintptr_t token);
 /* CDEF-END */
 
 #endif

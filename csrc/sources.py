@@ -11,6 +11,7 @@ import sys
 SOURCES = {
     "linux": [
         "claim.c",
+        "owner.c",
         "lock_posix.c",
         "wait_posix.c",
         "proc_linux.c",
@@ -20,13 +21,22 @@ SOURCES = {
     ],
     "darwin": [
         "claim.c",
+        "owner.c",
         "lock_posix.c",
         "wait_posix.c",
         "proc_macos.c",
         "proc_posix.c",
         "sigchld_posix.c",
     ],
-    "win32": ["claim.c", "win_errors.c", "win_paths.c", "win_lock.c", "win_wait.c", "win_proc.c"],
+    "win32": [
+        "claim.c",
+        "owner.c",
+        "win_errors.c",
+        "win_paths.c",
+        "win_lock.c",
+        "win_wait.c",
+        "win_proc.c",
+    ],
 }
 
 

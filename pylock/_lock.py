@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 # core has closed their descriptors), and a wait that could only deadlock
 # (this owner holds the file through another Lock) is refused by looking here.
 _open_locks: WeakSet[Lock] = WeakSet()
+# Every Lock: a fork may come while another thread owns one, open or not.
+_all_locks: WeakSet[Lock] = WeakSet()
 
 
 _acquire = lib.pl_acquire
@@ -121,19 +123,26 @@ class Lock:
         self._writable = True
         # Passed to the C core as one pointer on every acquisition.
         self._lf = ffi.new("pl_lockfile *")
+        self._lf.handle = -1
         self._lf.shared = shared
         if os.name != "nt":
             self._path_c = ffi.new("char[]", os.fsencode(self.path))
             self._lf.path = self._path_c
         self._head: Any = None  # keeps the C copy of the record's head alive
         self._record_warned = False
-        self._guard = allocate_lock()  # one owner (or one pending wait) per Lock object
+        # One attempt at a time uses this object: the C core keeps which
+        # (pl_own), named by the id of an object the attempt keeps alive; the
+        # holding attempt's object lives here.  Threads waiting for the object
+        # sleep on the bell, rung (released) when the owner gives it back.
+        self._attempt: object | None = None
+        self._bell = _new_bell()
         # The owning thread's token or task: compared by identity, and kept
         # alive while held so that its identity cannot be reused.
         self._owner: object | None = None
         # Coroutines waiting for this object (not the file) to be free.
         self._object_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._object_waiters_mu = allocate_lock()
+        _all_locks.add(self)
 
     def __repr__(self) -> str:
         state = "locked" if self.locked else "unlocked"
@@ -221,6 +230,7 @@ class Lock:
         # itself safe).
         handle, self._handle = self._handle, -1
         if handle >= 0:
+            self._lf.handle = -1  # pl_disown must never unlock a reused number
             _open_locks.discard(self)
             lib.pl_close(handle)
 
@@ -239,13 +249,13 @@ class Lock:
     #
     # Exceptions from signal handlers (KeyboardInterrupt, SystemExit from a
     # SIGTERM handler) are raised only after a call returns or at a jump
-    # back, never between two C calls.  So every path that may have taken
-    # the kernel lock gives it back in an except clause whose first act is a
-    # C call (a Python call would be a point where another exception lands),
-    # and the guard is released in a finally around it: an acquire returns
-    # holding the lock or raises holding nothing.  Unlocking when nothing is
-    # held is harmless: the guard keeps everyone else in this process off
-    # this descriptor.
+    # back, never inside a C call.  So an attempt names itself (a token)
+    # before its try, and owns this object, takes and gives back the kernel
+    # lock only in C calls that take the token: whatever lands wherever, its
+    # except clause gives back exactly what it owns, in one C call (pl_disown
+    # unlocks and frees the object), and rings the bell in a finally when
+    # someone may wait.  An acquire returns holding the lock or raises
+    # holding nothing, and never leaves the object owned by nobody.
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take the lock, waiting in the kernel for the holder's release or death.
@@ -268,36 +278,63 @@ class Lock:
             raise ValueError("a timeout makes no sense with blocking=False")
         else:
             deadline = deadline_of(timeout)
-        guard = self._guard
-        # Another thread of this process may hold this very object.
-        if not guard.acquire(False) and (
-            not blocking or not guard.acquire(True, _seconds_until(deadline))
-        ):
-            self._raise_held(blocking, timeout)
+        attempt = object()
+        token = id(attempt)
+        lf = self._lf
+        waited = [False]  # slept on the bell: may have taken a ring meant for others
         try:
-            if self._handle < 0:
-                self._open()
-            # The whole uncontended acquisition: lock, check the path, record.
-            rc = _acquire(self._lf)
+            # The whole uncontended acquisition: own the object, lock, check
+            # the path, record.
+            rc = _acquire(lf, token)
             if rc:
-                self._acquire_slow(rc, blocking, deadline, timeout, owner)
+                self._acquire_slow(rc, token, blocking, deadline, timeout, owner, waited)
+            self._attempt = attempt
             self._owner = owner
         except BaseException:
-            # Nothing but C calls in here: a handler's exception can only land
-            # after one returns (see above), and the finally still runs.
+            ring = 1
             try:
-                _unlock(self._handle)  # held or not (-1: EBADF, nothing)
+                ring = _disown(lf, token, 1)  # unlocks only what this attempt owns
             finally:
-                guard.release()
+                if ring > 0 or waited[0]:
+                    # _ring(self), inlined: a call is where a handler's
+                    # exception could land before the bell rings.
+                    try:
+                        self._bell.release()
+                    except RuntimeError:
+                        pass  # rung already
+                    finally:
+                        if self._object_waiters:
+                            self._wake_object_waiter()
             raise
         if _observer is not None:
             _observer.acquired(self)
         return True
 
     def _acquire_slow(
-        self, rc: int, blocking: bool, deadline: float | None, timeout: float | None, owner: object
+        self,
+        rc: int,
+        token: int,
+        blocking: bool,
+        deadline: float | None,
+        timeout: float | None,
+        owner: object,
+        waited: list[bool],
     ) -> None:
-        """The lock was held, the file moved, or the record failed (rc < 0)."""
+        """Another attempt of this process owns the object, it is not open,
+        the lock is held, the file moved, or the record failed (rc < 0)."""
+        if rc == lib.PL_E_BUSY:
+            if not blocking:
+                self._raise_held(False, timeout)
+            # Marked as waiting, so that the owner's release rings; owned
+            # marked too, as others may still wait and need its ring.
+            while lib.pl_own(self._lf, token, 1) != 0:
+                waited[0] = True
+                if not self._bell.acquire(True, _seconds_until(deadline)):
+                    self._raise_held(True, timeout)
+            rc = _acquire(self._lf, token)
+        if rc == errno.EBADF:
+            self._open()
+            rc = _acquire(self._lf, token)
         if _observer is not None and rc == errno.EWOULDBLOCK:
             _observer.conflicted(self)
         while rc > 0:  # < 0: held, but the record could not be written
@@ -308,18 +345,18 @@ class Lock:
                 self._wait(deadline, timeout)
                 rc = lib.pl_claim(self._lf)
             else:
-                rc = self._retry_after(rc)
+                rc = self._retry_after(rc, token)
         if rc:
             self._warn_no_record(-rc)
 
-    def _retry_after(self, rc: int) -> int:
+    def _retry_after(self, rc: int, token: int) -> int:
         """The lock file was unlinked under us (the lock is already released):
         start again on the file now at the path.  Any other code is an error."""
         if rc != lib.PL_E_UNLINKED:
             fail(rc, self.path)
         self._close_handle()
         self._open()
-        return int(lib.pl_acquire(self._lf))
+        return int(_acquire(self._lf, token))
 
     def _c_wait(self) -> Any:
         handle, shared = self._handle, self.shared
@@ -407,21 +444,33 @@ class Lock:
         still held, and every acquirer re-checks after locking that its file
         is still linked, so waiters are never split across two inodes.
         """
-        if self._owner is None:
+        attempt = self._attempt
+        if self._owner is None or attempt is None:
             raise NotHeld(f"{self.path}: release() of a lock this Lock object does not hold")
         if _observer is not None:
             _observer.released(self)
         if unlink:
             self._unlink_while_holding()
+        token = id(attempt)
         self._owner = None
+        self._attempt = None
+        ring = 1
         try:
-            _unlock(self._handle)
             if unlink:
+                _unlock(self._handle)
                 self._close_handle()
         finally:
-            self._guard.release()
-            if self._object_waiters:
-                self._wake_object_waiter()
+            try:
+                ring = _disown(self._lf, token, 1)  # unlocks (if still open), frees
+            finally:
+                if ring:  # _ring(self), inlined as in acquire
+                    try:
+                        self._bell.release()
+                    except RuntimeError:
+                        pass
+                    finally:
+                        if self._object_waiters:
+                            self._wake_object_waiter()
 
     def _unlink_while_holding(self) -> None:
         if self.shared:
@@ -485,6 +534,28 @@ class Lock:
         self.release()
 
 
+_disown = lib.pl_disown
+
+
+def _new_bell() -> Any:
+    bell = allocate_lock()
+    bell.acquire()  # locked: silent until rung
+    return bell
+
+
+def _ring(lock: Lock) -> None:
+    """Wake a thread and a coroutine waiting for this Lock object (each
+    retries pl_own; a wake-up too many costs one retry).  Where a signal
+    handler's exception may land (the program's threads), it is inlined."""
+    try:
+        lock._bell.release()
+    except RuntimeError:
+        pass  # rung already, and not yet heard
+    finally:
+        if lock._object_waiters:
+            lock._wake_object_waiter()
+
+
 def _seconds_until(deadline: float | None) -> float:
     """threading.Lock.acquire's timeout for the time left (-1: forever)."""
     left = seconds_left(deadline)
@@ -496,10 +567,13 @@ def _after_fork_in_child() -> None:
     # parent's open file descriptions: unlocking would release the parent's
     # lock, keeping them would keep it alive after the parent dies).  Forget
     # everything the parent held; close nothing here: the numbers are free.
-    for lock in list(_open_locks):
+    for lock in list(_all_locks):
         lock._handle = -1
+        lock._lf.handle = -1
+        lock._lf.owner = 0  # the child has one thread: nobody owns anything
         lock._owner = None
-        lock._guard = allocate_lock()
+        lock._attempt = None
+        lock._bell = _new_bell()
         lock._object_waiters = []
         lock._object_waiters_mu = allocate_lock()
     _open_locks.clear()

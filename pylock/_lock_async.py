@@ -4,6 +4,7 @@ acquisition, so that programs that only lock never import asyncio."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 from typing import Any
 
@@ -13,7 +14,7 @@ from ._lock import Lock
 from ._native import lib
 from ._syscall import fail
 from ._timeout import deadline_of, seconds_left
-from ._wait import passed
+from ._wait import LoopWait, passed
 
 
 async def acquire_async(lock: Lock, timeout: float | None) -> bool:
@@ -22,7 +23,8 @@ async def acquire_async(lock: Lock, timeout: float | None) -> bool:
     While the lock is held elsewhere, a pylock thread waits in the kernel
     and hands over to the loop when the holder releases or dies.
     Cancelling the task (or the timeout) never blocks the loop and leaves
-    nothing behind, never the lock.
+    nothing behind, never the lock.  Owning the object and giving it back
+    follow Lock.acquire (a token named before the try, C calls that take it).
     """
     owner = _task_owner()
     if lock._owner is owner:
@@ -30,13 +32,18 @@ async def acquire_async(lock: Lock, timeout: float | None) -> bool:
             f"{lock.path}: this task already holds this Lock; pylock locks are not reentrant"
         )
     deadline = deadline_of(timeout)
-    while not lock._guard.acquire(False):
-        await _wait_for_object(lock, deadline, timeout)
-    handed_over = [False]  # the guard went to an abandoned wait's thread
+    attempt = object()
+    token = id(attempt)
+    lf = lock._lf
+    waits: list[LoopWait] = []  # this attempt's kernel wait, which may outlive it
     try:
-        if lock._handle < 0:
+        rc = _lock._acquire(lf, token)
+        while rc == lib.PL_E_BUSY:
+            await _wait_for_object(lock, token, deadline, timeout)
+            rc = _lock._acquire(lf, token)
+        if rc == errno.EBADF:  # owned, not yet open
             lock._open()
-        rc = _lock._acquire(lock._lf)
+            rc = _lock._acquire(lf, token)
         if _lock._observer is not None and rc == errno.EWOULDBLOCK:
             _lock._observer.conflicted(lock)
         while rc > 0:  # < 0: held, but the record could not be written
@@ -44,50 +51,75 @@ async def acquire_async(lock: Lock, timeout: float | None) -> bool:
                 if passed(deadline):
                     lock._raise_held(True, timeout)
                 lock._refuse_self_deadlock(owner)
-                await _wait_async(lock, deadline, timeout, handed_over)
-                rc = lib.pl_claim(lock._lf)
+                await _wait_async(lock, token, deadline, timeout, waits)
+                rc = lib.pl_claim(lf)
             else:
-                rc = lock._retry_after(rc)
+                rc = lock._retry_after(rc, token)
         if rc:
             lock._warn_no_record(-rc)
+        lock._attempt = attempt
         lock._owner = owner
-        if _lock._observer is not None:
-            _lock._observer.acquired(lock)
     except BaseException:
-        if not handed_over[0]:
-            try:
-                _lock._unlock(lock._handle)
-            finally:
-                lock._guard.release()
-                wake_object_waiter(lock)
+        wait = waits[-1] if waits else None
+        try:
+            if wait is not None:
+                wait.abandon()  # unless its thread has finished, on_orphan gives back
+        finally:
+            # A subscript, not a call: nothing can land between it and the
+            # decision.  "task": the wait's thread settles (see _orphaned).
+            if wait is None or wait.decided["by"] != "task":
+                ring = 1
+                try:
+                    ring = _lock._disown(lf, token, 1)
+                finally:
+                    if ring > 0:  # _lock._ring(lock), inlined
+                        try:
+                            lock._bell.release()
+                        except RuntimeError:
+                            pass
+                        finally:
+                            if lock._object_waiters:
+                                wake_object_waiter(lock)
         raise
+    if _lock._observer is not None:
+        _lock._observer.acquired(lock)
     return True
 
 
-async def _wait_for_object(lock: Lock, deadline: float | None, timeout: float | None) -> None:
-    """Sleep until this Lock object is released by whoever holds it here."""
+async def _wait_for_object(
+    lock: Lock, token: int, deadline: float | None, timeout: float | None
+) -> None:
+    """Sleep until this Lock object is given back by the attempt that owns it
+    here; returns owning it (marked: others may wait for its ring)."""
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[None] = loop.create_future()
-    entry = (loop, future)
-    with lock._object_waiters_mu:
-        lock._object_waiters.append(entry)
-    # Released between our try and the append: nobody would wake us.
-    if not lock._guard.locked():
-        wake_object_waiter(lock)
-    try:
-        await asyncio.wait_for(future, seconds_left(deadline))
-    except BaseException as exc:
+    while True:
+        future: asyncio.Future[None] = loop.create_future()
+        entry = (loop, future)
         with lock._object_waiters_mu:
-            queued = entry in lock._object_waiters
-            if queued:
-                lock._object_waiters.remove(entry)
-        if not queued:
-            # We were woken but give up (cancelled, timed out): pass
-            # the wake-up on, or the next waiter sleeps forever.
-            wake_object_waiter(lock)
-        if isinstance(exc, asyncio.TimeoutError):
-            lock._raise_held(True, timeout)
-        raise
+            lock._object_waiters.append(entry)
+        try:
+            # Queued first, then marked as waiting: the owner's release, which
+            # sees the mark, rings after the entry is there to be woken.
+            if lib.pl_own(lock._lf, token, 1) == 0:
+                _dequeue(lock, entry)
+                return
+            await asyncio.wait_for(future, seconds_left(deadline))
+        except BaseException as exc:
+            if not _dequeue(lock, entry):
+                # We were woken but give up (cancelled, timed out): pass
+                # the wake-up on, or the next waiter sleeps forever.
+                wake_object_waiter(lock)
+            if isinstance(exc, asyncio.TimeoutError):
+                lock._raise_held(True, timeout)
+            raise
+
+
+def _dequeue(lock: Lock, entry: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]) -> bool:
+    with lock._object_waiters_mu:
+        queued = entry in lock._object_waiters
+        if queued:
+            lock._object_waiters.remove(entry)
+    return queued
 
 
 def wake_object_waiter(lock: Lock) -> None:
@@ -106,38 +138,29 @@ def wake_object_waiter(lock: Lock) -> None:
 
 
 async def _wait_async(
-    lock: Lock, deadline: float | None, timeout: float | None, handed_over: list[bool]
+    lock: Lock, token: int, deadline: float | None, timeout: float | None, waits: list[LoopWait]
 ) -> None:
     """Wait in a pylock thread.  If the task gives up while the wait is
-    still running, the guard passes to the wait (handed_over), whose
-    thread gives back any grant and releases the guard when it ends."""
-    from ._wait import LoopWait
-
+    still running, the wait's thread gives back any grant and the object
+    when it ends (_orphaned); acquire_async's except clause decides."""
     wait = LoopWait(
         asyncio.get_running_loop(),
         lock._c_wait(),
         deadline,
-        lambda rc: _orphaned(lock, rc),
+        lambda rc: _orphaned(lock, token, rc),
         f"pylock wait {lock.path}",
+        waits,
     )
     try:
         rc = await asyncio.shield(wait.future)
     except BaseException as exc:
-        # Giving up: interrupt the wait and see how it ended, so that
-        # the task raises holding nothing.  The await is short (the wake
-        # signal ends the wait) and never blocks the loop.
-        ended = None
+        # Giving up: interrupt the wait and await its end, so that the task
+        # raises holding nothing and no thread is left behind.  The await is
+        # short (the wake signal ends the wait) and never blocks the loop;
+        # where the wait cannot be interrupted, acquire_async abandons it.
         if not isinstance(exc, GeneratorExit) and wait.interrupt():
-            try:
-                ended = await asyncio.shield(wait.future)
-            except BaseException:
-                ended = None
-        if ended is None:
-            ended = wait.abandon()
-        if ended is None:
-            handed_over[0] = True  # its thread gives back and frees the guard
-        elif ended == 0:
-            _lock._unlock(lock._handle)
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(wait.future)
         raise
     wait.join()
     if rc == errno.ETIMEDOUT:
@@ -150,14 +173,11 @@ async def _wait_async(
         fail(rc, lock.path)
 
 
-def _orphaned(lock: Lock, rc: int) -> None:
-    """A wait whose task gave up has ended (in its thread)."""
-    try:
-        if rc == 0:
-            _lock._unlock(lock._handle)
-    finally:
-        lock._guard.release()
-        wake_object_waiter(lock)
+def _orphaned(lock: Lock, token: int, rc: int) -> None:
+    """A wait whose task gave up has ended (in its thread): give back the
+    grant (rc 0) and the object, which the task left to this thread."""
+    if _lock._disown(lock._lf, token, 1) > 0:
+        _lock._ring(lock)
 
 
 def _set_result(future: asyncio.Future[Any], value: Any = None) -> None:
@@ -195,9 +215,6 @@ def _awaiting_task(task: Any) -> object | None:
         if other is not task and id(getattr(other, "_fut_waiter", None)) in waiting_on:
             return other
     return None
-
-
-_ACQUIRE_ASYNC_CODE = Lock.acquire_async.__code__
 
 
 _ACQUIRE_ASYNC_CODE = Lock.acquire_async.__code__

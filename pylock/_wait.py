@@ -66,22 +66,27 @@ def no_wake_signal(what: str) -> LockError:
 
 # -- one C wait in a pylock thread, handed over to an event loop ---------
 
-_RUNNING, _FINISHED, _ABANDONED = 0, 1, 2
-
 
 class LoopWait:
     """A blocking C wait run by a pylock thread for a coroutine.
 
     The result reaches the loop with call_soon_threadsafe (await it through
     asyncio.shield, so that a cancelled task can still learn how the wait
-    ended).  A task that gives up first interrupt()s the wait and awaits
-    its end, which the wake signal makes prompt; when that is impossible
-    (the program took the signal, the loop is closing) abandon() returns at
-    once, never blocking the loop, and the thread passes the result to
-    on_orphan, which must give back whatever it granted.
+    ended).  A task that gives up interrupt()s the wait and awaits its end,
+    which the wake signal makes prompt; when that is impossible (the program
+    took the signal, the loop is closing) abandon() returns at once, never
+    blocking the loop, and the thread passes the result to on_orphan, which
+    must give back whatever it granted.
+
+    Who settles the result is decided once, in decided["by"], by one C call
+    (dict.setdefault): "thread" delivers it to the task, "task" (it gave up
+    first) leaves it to on_orphan.  An exception from a signal handler can
+    land in the task after any call returns, but never inside that one, so
+    the task can always read who settles.  The wait registers itself in
+    registry before its thread may start waiting, for the same reason.
     """
 
-    __slots__ = ("_loop", "_mu", "_on_orphan", "_rc", "_state", "_thread", "_waiter", "future")
+    __slots__ = ("_gate", "_loop", "_mu", "_on_orphan", "_thread", "_waiter", "decided", "future")
 
     def __init__(
         self,
@@ -90,47 +95,53 @@ class LoopWait:
         deadline: float | None,
         on_orphan: Callable[[int], None],
         name: str,
+        registry: list[LoopWait],
     ) -> None:
         import threading
 
         self.future: asyncio.Future[int] = loop.create_future()
         self._loop = loop
         self._mu = threading.Lock()
-        self._state = _RUNNING
-        self._rc = errno.ECANCELED
         self._on_orphan = on_orphan
+        self.decided: dict[str, str] = {}
+        # Closed until the wait is registered (or abandoned): a thread that
+        # its task cannot see yet must not take anything.
+        self._gate = threading.Lock()
+        self._gate.acquire()
         waiter = self._waiter = new_waiter()
 
         def run() -> None:
             _block_signals()
-            rc = errno.EINTR
+            self._gate.acquire()
+            rc = errno.ECANCELED
             try:
-                while rc == errno.EINTR:
-                    rc = wait(waiter, ns_left(deadline))
+                if "by" not in self.decided:  # the task has not given up yet
+                    rc = errno.EINTR
+                    while rc == errno.EINTR:
+                        rc = wait(waiter, ns_left(deadline))
             finally:
                 self._finished(rc)
 
         self._thread = threading.Thread(target=run, name=name, daemon=True)
         try:
             self._thread.start()
-        except BaseException:
+        except RuntimeError:  # no thread: nothing uses the waiter
             lib.pl_waiter_free(waiter)
             raise
+        registry.append(self)
+        self._gate.release()
 
     def _finished(self, rc: int) -> None:
         with self._mu:
-            delivered = False
-            if self._state == _RUNNING and not self._loop.is_closed():
-                try:
-                    self._loop.call_soon_threadsafe(_deliver, self.future, rc)
-                    delivered = True
-                except RuntimeError:  # the loop closed meanwhile
-                    pass
-            self._state, self._rc = (_FINISHED if delivered else _ABANDONED), rc
-        # Nobody touches the waiter once the wait has left _RUNNING.
-        lib.pl_waiter_free(self._waiter)
-        if not delivered:  # the task gave up, or its loop is gone
-            self._on_orphan(rc)
+            waiter, self._waiter = self._waiter, None
+        lib.pl_waiter_free(waiter)
+        if self.decided.setdefault("by", "thread") == "thread":
+            try:
+                self._loop.call_soon_threadsafe(_deliver, self.future, rc)
+                return
+            except RuntimeError:  # the loop closed: the task will never hear
+                pass
+        self._on_orphan(rc)
 
     def join(self) -> None:
         """Wait for the thread's last lines (it has delivered its result)."""
@@ -140,23 +151,21 @@ class LoopWait:
         """Ask the C core to end the wait soon, without blocking; False when
         it cannot (the program took pylock's signal) or the wait is over."""
         with self._mu:
-            return self._state == _RUNNING and lib.pl_waiter_cancel(self._waiter) == 0
+            return self._waiter is not None and lib.pl_waiter_cancel(self._waiter) == 0
 
-    def abandon(self) -> int | None:
-        """The task gives up.  Returns the result if the wait already ended
-        (the caller cleans up), or None: the thread will call on_orphan."""
+    def abandon(self) -> None:
+        """The task gives up.  Unless the thread has settled first (then the
+        task cleans up), on_orphan will.  Never blocks."""
+        self.decided.setdefault("by", "task")
+        try:  # noqa: SIM105 (contextlib is not loaded at `import pylock`)
+            self._gate.release()  # registered or not, it must not wait now
+        except RuntimeError:
+            pass  # open already
         with self._mu:
-            if self._state == _RUNNING:
-                self._state = _ABANDONED
-                # Never blocks: interrupts the wait, or (the program took
-                # pylock's signal) lets it end with the grant, given back.
+            if self._waiter is not None:
+                # Interrupts the wait, or (the program took pylock's
+                # signal) lets it end with the grant, given back.
                 lib.pl_waiter_cancel(self._waiter)
-                return None
-            if self._state == _ABANDONED:
-                return None  # the thread has handed it to on_orphan
-            rc = self._rc
-        self._thread.join()  # it has finished: only its last lines are left
-        return rc
 
 
 def _deliver(future: asyncio.Future[int], rc: int) -> None:

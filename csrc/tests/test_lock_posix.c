@@ -20,6 +20,8 @@
 #include <unistd.h>
 
 static int passed, failed;
+/* An attempt's token (pl_own): any nonzero even number. */
+#define TOKEN ((uintptr_t)16)
 static char dir[] = "/tmp/pylock-ctest-XXXXXX";
 
 #define CHECK(cond)                                                         \
@@ -239,6 +241,49 @@ static void test_holder_death(void)
     close(ready[1]);
 }
 
+/* One attempt at a time owns a lock file; giving it back unlocks it and
+ * says whether anyone waits; an attempt that does not own it changes nothing. */
+static void test_owner(void)
+{
+    char *p = path_in("owner.lock");
+    pl_handle a = open_lock(p), b = open_lock(p);
+    const uintptr_t first = 32, second = 48;
+    pl_lockfile lf;
+    memset(&lf, 0, sizeof lf);
+    lf.handle = a;
+    lf.path = p;
+    CHECK(pl_file_stat(a, &lf.st) == 0);
+    CHECK(pl_own(&lf, 0, 0) == EINVAL && pl_own(&lf, 33, 0) == EINVAL);
+    CHECK(pl_acquire(&lf, first) == 0);
+    CHECK(pl_own(&lf, first, 0) == 0); /* already its own */
+    CHECK(pl_acquire(&lf, second) == PL_E_BUSY);
+    /* A non-owner gives nothing back: the lock stays held. */
+    CHECK(pl_disown(&lf, second, 1) == -1);
+    CHECK(pl_try_lock(b, 0) == EWOULDBLOCK);
+    /* Nobody waited: 0, and the lock is released with the ownership. */
+    CHECK(pl_disown(&lf, first, 1) == 0 && lf.owner == 0);
+    CHECK(pl_try_lock(b, 0) == 0);
+    pl_unlock(b);
+    /* A waiter marks the owner, whose release says so; the waiter that
+     * then owns it is marked too (others may still wait). */
+    CHECK(pl_acquire(&lf, first) == 0);
+    CHECK(pl_own(&lf, second, 1) == PL_E_BUSY);
+    CHECK(pl_own(&lf, second, 1) == PL_E_BUSY); /* marking twice is harmless */
+    CHECK(pl_disown(&lf, first, 0) == 1);
+    CHECK(pl_own(&lf, second, 1) == 0);
+    CHECK(pl_disown(&lf, second, 0) == 1);
+    /* Without unlock, the kernel lock is left to the caller. */
+    CHECK(pl_acquire(&lf, first) == 0 && pl_disown(&lf, first, 0) == 0);
+    CHECK(pl_try_lock(b, 0) == EWOULDBLOCK);
+    /* Owned but closed: EBADF, still owned. */
+    CHECK(pl_unlock(a) == 0);
+    lf.handle = -1;
+    CHECK(pl_acquire(&lf, first) == EBADF && pl_acquire(&lf, second) == PL_E_BUSY);
+    CHECK(pl_disown(&lf, first, 1) == 0);
+    pl_close(a);
+    pl_close(b);
+}
+
 static void test_claim(void)
 {
     char *p = path_in("claim.lock");
@@ -252,7 +297,7 @@ static void test_claim(void)
     lf.head_len = sizeof head - 1;
     lf.head_crc = 0x12345678; /* any value: the header must carry crc over it */
     CHECK(pl_file_stat(a, &lf.st) == 0);
-    CHECK(pl_acquire(&lf) == 0 && lf.record_error == 0);
+    CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.record_error == 0);
     CHECK(pl_try_lock(b, 0) == EWOULDBLOCK);
     char buf[256];
     size_t n = 0;
@@ -269,12 +314,12 @@ static void test_claim(void)
 
     /* Unlinked while the descriptor was kept: refused, and left unlocked. */
     CHECK(unlink(p) == 0);
-    CHECK(pl_acquire(&lf) == PL_E_UNLINKED);
+    CHECK(pl_acquire(&lf, TOKEN) == PL_E_UNLINKED);
     CHECK(pl_try_lock(b, 0) == 0);
     pl_unlock(b);
     /* The same without a path: the descriptor's link count tells. */
     lf.path = NULL;
-    CHECK(pl_acquire(&lf) == PL_E_UNLINKED && lf.st.nlink == 0);
+    CHECK(pl_acquire(&lf, TOKEN) == PL_E_UNLINKED && lf.st.nlink == 0);
     pl_close(a);
     pl_close(b);
 
@@ -286,7 +331,7 @@ static void test_claim(void)
     CHECK(rename(p, path_in("claim.lock.old")) == 0);
     pl_handle d = open_lock(p); /* a newcomer creates and locks the new file */
     CHECK(pl_try_lock(d, 0) == 0);
-    CHECK(pl_acquire(&lf) == PL_E_UNLINKED);
+    CHECK(pl_acquire(&lf, TOKEN) == PL_E_UNLINKED);
     pl_unlock(d);
 
     /* No record: a shared lock, or a read-only file with its reason. */
@@ -295,10 +340,10 @@ static void test_claim(void)
     CHECK(pl_file_stat(e, &lf.st) == 0);
     lf.head_len = 0;
     lf.shared = 1;
-    CHECK(pl_acquire(&lf) == 0 && lf.record_error == 0);
+    CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.record_error == 0);
     pl_unlock(e);
     lf.no_record_reason = EROFS;
-    CHECK(pl_acquire(&lf) == -EROFS && lf.record_error == EROFS);
+    CHECK(pl_acquire(&lf, TOKEN) == -EROFS && lf.record_error == EROFS);
     pl_unlock(e);
     pl_fs_info fsi;
     CHECK(pl_fs_stat(e, &fsi) == 0);
@@ -438,15 +483,15 @@ static void test_foreign_file_is_never_written(void)
     lf.head = head;
     lf.head_len = sizeof head - 1;
     CHECK(pl_file_stat(a, &lf.st) == 0);
-    CHECK(pl_acquire(&lf) == 0 && lf.foreign == 1 && lf.record_error == 0);
+    CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.foreign == 1 && lf.record_error == 0);
     CHECK(pl_unlock(a) == 0);
     /* The same size as a record this lock file never wrote: still read. */
     lf.record_size = 0;
-    CHECK(pl_acquire(&lf) == 0 && lf.foreign == 1);
+    CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.foreign == 1);
     CHECK(pl_unlock(a) == 0);
     /* A read-only descriptor's reason is not reported for a foreign file. */
     lf.no_record_reason = EACCES;
-    CHECK(pl_acquire(&lf) == 0 && lf.foreign == 1 && lf.record_error == 0);
+    CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.foreign == 1 && lf.record_error == 0);
     CHECK(pl_unlock(a) == 0);
     lf.no_record_reason = 0;
     read_file(p, buf, sizeof buf, &n);
@@ -454,18 +499,18 @@ static void test_foreign_file_is_never_written(void)
 
     /* Emptied: the record goes in, and the next acquisition finds its own size. */
     CHECK(truncate(p, 0) == 0);
-    CHECK(pl_acquire(&lf) == 0 && lf.foreign == 0 && lf.record_size > 0);
+    CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.foreign == 0 && lf.record_size > 0);
     CHECK(pl_unlock(a) == 0);
     read_file(p, buf, sizeof buf, &n);
     CHECK(n == lf.record_size && memcmp(buf, "pylock-record v1 ", 17) == 0);
-    CHECK(pl_acquire(&lf) == 0 && lf.foreign == 0);
+    CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.foreign == 0);
     CHECK(pl_unlock(a) == 0);
     /* Another holder's longer record (a different size): read, and written over. */
     fd = open(p, O_WRONLY | O_APPEND);
     CHECK(fd >= 0 && write(fd, "tail", 4) == 4);
     close(fd);
     uint64_t before = lf.record_size;
-    CHECK(pl_acquire(&lf) == 0 && lf.foreign == 0 && lf.record_size == before + 4);
+    CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.foreign == 0 && lf.record_size == before + 4);
     CHECK(pl_unlock(a) == 0);
     pl_close(a);
 }
@@ -483,6 +528,7 @@ int main(void)
     test_cancel();
     test_handoff_to_blocked_waiter();
     test_holder_death();
+    test_owner();
     test_claim();
     test_wake_signal_rechecked();
     test_foreign_file_is_never_written();

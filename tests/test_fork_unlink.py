@@ -3,10 +3,9 @@ Unlink: release(unlink=True) never splits waiters across two inodes."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -14,20 +13,9 @@ import pytest
 
 import pylock
 from pylock import _record
-from tests.support import env_with_repo
+from tests.support.children import Script
 from tests.support.kernel_locks import free_from_elsewhere
-
-
-def fds_on(pid: int, path: str) -> list[int]:
-    found = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
-                found.append(int(fd))
-        except OSError:
-            pass
-    return found
-
+from tests.support.procs import fds_on
 
 # -- fork ----------------------------------------------------------------------
 
@@ -73,27 +61,9 @@ FORKER = textwrap.dedent(
 )
 
 
-def start_forker(path: str, child_mode: str) -> tuple[subprocess.Popen[str], dict]:
-    import json
-
-    proc = subprocess.Popen(
-        [sys.executable, "-c", FORKER, path, child_mode],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env_with_repo(),
-    )
-    assert proc.stdout is not None
-    return proc, json.loads(proc.stdout.readline())
-
-
-def _finish(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    for stream in (proc.stdin, proc.stdout):
-        if stream is not None:
-            stream.close()
+def start_forker(path: str, child_mode: str) -> tuple[Script, dict]:
+    proc = Script(FORKER, path, child_mode)
+    return proc, json.loads(proc.expect())
 
 
 def _child_saw(report: dict, parent: int) -> None:
@@ -114,13 +84,12 @@ def test_child_exiting_does_not_release_the_parents_lock(lock_path: str) -> None
         assert [h.pid for h in pylock.holders(lock_path)] == [parent]
         found = pylock.Lock(lock_path).holder()
         assert found is not None and found.pid == parent and found.verified
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.close()
-        assert proc.stdout.readline() == "released\n"
+        proc.close_stdin()
+        proc.expect("released")
         assert proc.wait() == 0
         assert free_from_elsewhere(lock_path)
     finally:
-        _finish(proc)
+        proc.close()
 
 
 def test_child_running_on_does_not_keep_the_lock_after_the_parent_dies(lock_path: str) -> None:
@@ -141,7 +110,7 @@ def test_child_running_on_does_not_keep_the_lock_after_the_parent_dies(lock_path
         with pylock.Lock(lock_path) as lock:
             assert lock.locked
     finally:
-        _finish(proc)  # closing the shared stdin ends the child too
+        proc.close()  # closing the shared stdin ends the child too
 
 
 def test_fork_from_this_process_while_holding(lock_path: str) -> None:
@@ -283,29 +252,19 @@ def test_unlink_with_concurrent_waiters_never_splits_them(tmp_path: Path, lock_p
     marker = str(tmp_path / "inside")
     modes = ["always", "always", "always", "odd", "never"]
     rounds = 150
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", UNLINKER, lock_path, marker, str(rounds), mode],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env_with_repo(),
-        )
-        for mode in modes
-    ]
+    procs = [Script(UNLINKER, lock_path, marker, str(rounds), mode) for mode in modes]
     try:
         for p in procs:
-            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+            p.expect("ready")
         for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.close()
-        reports = [p.stdout.read() for p in procs]  # type: ignore[union-attr]
-        assert [p.wait(timeout=60) for p in procs] == [0] * len(procs)
+            p.send("go")
+            p.close_stdin()
+        reports = [p.expect() for p in procs]
+        assert [p.wait() for p in procs] == [0] * len(procs)
     finally:
         for p in procs:
-            _finish(p)
-    assert reports == ["overlaps 0 stale 0\n"] * len(procs)
+            p.close()
+    assert reports == ["overlaps 0 stale 0"] * len(procs)
 
 
 # -- the path, not a descriptor kept from earlier, names the lock ---------------------

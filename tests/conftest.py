@@ -21,13 +21,13 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import CHECKOUT, IS_ROOT, LINUX
-from tests.support.children import HolderProcess
+from tests.support.children import Forked, HolderProcess
 from tests.support.kernel_locks import open_fds
 
 __all__ = ["HolderProcess", "open_fds"]
@@ -91,6 +91,20 @@ def spawn_holder() -> Iterator[type[HolderProcess]]:
     yield Tracked
     for holder in started:
         holder.close()
+
+
+@pytest.fixture
+def forked() -> Iterator[Callable[[Callable[[Forked.Chan], None]], Forked]]:
+    """Starts forked copies of this process (each killed at the end of the test)."""
+    started: list[Forked] = []
+
+    def start(fn: Callable[[Forked.Chan], None]) -> Forked:
+        started.append(Forked(fn))
+        return started[-1]
+
+    yield start
+    for child in started:
+        child.kill()
 
 
 @pytest.fixture

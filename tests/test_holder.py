@@ -24,6 +24,7 @@ import pylock
 from pylock import _record
 from pylock._process import ProcessIdentity, identity_of, self_identity
 from tests.support.kernel_locks import granted_pids
+from tests.support.procs import boot_id, cmdline, start_time
 
 # -- helpers ---------------------------------------------------------------
 
@@ -117,21 +118,6 @@ def forge(path: str, ident: ProcessIdentity, **fields: Any) -> bytes:
     return data
 
 
-def proc_stat_start_time(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[19])  # field 22
-
-
-def boot_id() -> str:
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        return f.read().strip()
-
-
-def cmdline(pid: int) -> tuple[str, ...]:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return tuple(a.decode() for a in f.read().split(b"\0") if a)
-
-
 # -- a live holder -----------------------------------------------------------------
 
 
@@ -144,7 +130,7 @@ def test_holder_fields_of_a_live_holder(lock_path: str, spawn_holder) -> None:
     assert found.pid == holder.pid
     assert found.verified is True
     assert found.shared is False
-    assert found.start_time == proc_stat_start_time(holder.pid)
+    assert found.start_time == start_time(holder.pid)
     assert found.boot_id == boot_id()
     if self_identity().pidfs_ino:
         pidfd = os.pidfd_open(holder.pid)
@@ -275,7 +261,7 @@ def test_holders_lists_every_shared_holder(lock_path: str, spawn_holder) -> None
     listed = pylock.holders(lock_path)
     assert sorted(h.pid for h in listed) == sorted([a.pid, b.pid])
     assert all(h.shared and h.verified for h in listed)
-    assert all(h.start_time == proc_stat_start_time(h.pid) for h in listed)
+    assert all(h.start_time == start_time(h.pid) for h in listed)
     found = pylock.Lock(lock_path).holder()
     assert found is not None and found.pid in (a.pid, b.pid) and found.shared
     a.kill()
@@ -307,7 +293,7 @@ def test_holder_without_a_record_is_named_from_the_kernel(lock_path: str, raw_ho
     found = pylock.Lock(lock_path).holder()
     assert found is not None
     assert found.pid == real.pid and found.verified
-    assert found.start_time == proc_stat_start_time(real.pid)
+    assert found.start_time == start_time(real.pid)
     assert tuple(found.argv) == cmdline(real.pid)
     assert found.acquired_at is None and found.info is None
     assert found.alive()

@@ -26,6 +26,7 @@ import pylock
 from pylock import _holder
 from pylock._process import identity_of
 from tests.support import REPO_ROOT, env_with_repo
+from tests.support.procs import cmdline
 
 IS_ROOT = os.geteuid() == 0
 NOBODY = 65534
@@ -120,11 +121,6 @@ def forged_for(pid: int) -> bytes:
         info={"port": 31337},
         acquired_at=1000000000.0,
     )
-
-
-def cmdline(pid: int) -> tuple[str, ...]:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return tuple(a.decode() for a in f.read().split(b"\0") if a)
 
 
 @pytest.fixture

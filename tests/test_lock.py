@@ -25,22 +25,9 @@ from tests.support.kernel_locks import (
     open_fds,
     wait_blocked,
 )
+from tests.support.procs import wakeups
 
 # -- helpers ---------------------------------------------------------------
-
-
-@pytest.fixture
-def forked():
-    children: list[Forked] = []
-
-    def start(fn: Callable[[Forked.Chan], None]) -> Forked:
-        child = Forked(fn)
-        children.append(child)
-        return child
-
-    yield start
-    for child in children:
-        child.kill()
 
 
 def task_states(pid: int) -> dict[int, str]:
@@ -49,17 +36,6 @@ def task_states(pid: int) -> dict[int, str]:
         with open(f"/proc/{pid}/task/{tid}/stat") as f:
             states[int(tid)] = f.read().rsplit(")", 1)[1].split()[0]
     return states
-
-
-def wakeups(pid: int) -> int:
-    """Context switches of every thread of pid so far."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/status") as f:
-            for line in f:
-                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                    total += int(line.split()[1])
-    return total
 
 
 # -- mutual exclusion --------------------------------------------------------

@@ -6,17 +6,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import select
 import signal
 import threading
 import time
-import traceback
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import pylock
+from tests.support.children import Forked
 from tests.support.kernel_locks import (
     blocked_waiters,
     free_from_elsewhere,
@@ -24,6 +22,7 @@ from tests.support.kernel_locks import (
     until_blocked,
     wait_blocked,
 )
+from tests.support.procs import wakeups
 
 # -- helpers ---------------------------------------------------------------
 
@@ -41,77 +40,8 @@ def free_here(path: str) -> bool:
     return True
 
 
-def wakeups(pid: int) -> int:
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/status") as f:
-            for line in f:
-                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                    total += int(line.split()[1])
-    return total
-
-
 def pylock_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("pylock")]
-
-
-class Forked:
-    """A forked copy of this process running fn(say); it reports lines by pipe."""
-
-    def __init__(self, fn: Callable[[Callable[[str], None]], None]) -> None:
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            code = 0
-            try:
-                os.closerange(3, w)  # no other process's pipe stays open in the child
-                os.closerange(w + 1, 1 << 16)
-                fn(lambda text: os.write(w, text.encode() + b"\n") and None)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(w)
-        self.pid = pid
-        self._r = r
-        self._buf = b""
-        self.status: int | None = None
-
-    def line(self, timeout: float = 10.0) -> str:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            ready, _, _ = select.select([self._r], [], [], max(deadline - time.monotonic(), 0))
-            assert ready, f"child {self.pid} said nothing within {timeout} s"
-            chunk = os.read(self._r, 4096)
-            assert chunk, f"child {self.pid} ended without a line"
-            self._buf += chunk
-        text, _, self._buf = self._buf.partition(b"\n")
-        return text.decode()
-
-    def wait(self) -> int:
-        if self.status is None:
-            self.status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
-            os.close(self._r)
-        return self.status
-
-    def kill(self) -> None:
-        if self.status is None:
-            os.kill(self.pid, signal.SIGKILL)
-            self.wait()
-
-
-@pytest.fixture
-def forked():
-    children: list[Forked] = []
-
-    def start(fn: Callable[[Callable[[str], None]], None]) -> Forked:
-        children.append(Forked(fn))
-        return children[-1]
-
-    yield start
-    for child in children:
-        child.kill()
 
 
 # -- basics ------------------------------------------------------------------
@@ -248,12 +178,12 @@ def test_async_waiter_sleeps_in_the_kernel(lock_path: str, spawn_holder, forked)
     """While waiting, no thread of the waiting process wakes up: no polling anywhere."""
     holder = spawn_holder(lock_path)
 
-    def child(say: Callable[[str], None]) -> None:
+    def child(chan: Forked.Chan) -> None:
         async def main() -> None:
             lock = pylock.Lock(lock_path)
-            say("waiting")
+            chan.say("waiting")
             await lock.acquire_async(timeout=60)
-            say("acquired")
+            chan.say("acquired")
             lock.release()
 
         asyncio.run(main())

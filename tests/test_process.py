@@ -16,19 +16,9 @@ import pytest
 
 from pylock import _process
 from pylock._process import ProcessIdentity, identity_of, is_alive, same_process, self_identity
+from tests.support.procs import boot_id, start_time, stat_fields
 
 PINNING = _process.pinning_available()
-
-
-def stat_fields(pid: int) -> list[bytes]:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    return data[data.rindex(b")") + 2 :].split()
-
-
-def boot_id() -> str:
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        return f.read().strip()
 
 
 class Sleeper:
@@ -65,7 +55,7 @@ def test_identity_of_self_matches_the_kernel() -> None:
     me = identity_of(os.getpid())
     assert me is not None
     assert me.pid == os.getpid()
-    assert me.start_time == int(stat_fields(os.getpid())[19])
+    assert me.start_time == start_time(os.getpid())
     assert me.boot_id == boot_id()
     if PINNING and hasattr(os, "pidfd_open"):
         fd = os.pidfd_open(os.getpid())
@@ -104,7 +94,7 @@ def test_identity_of_parses_a_command_name_with_spaces_and_parentheses() -> None
             assert f.read().startswith("x) 1 2 (y) Z 9")
         ident = identity_of(proc.pid)
         assert ident is not None
-        assert ident.start_time == int(stat_fields(proc.pid)[19])
+        assert ident.start_time == start_time(proc.pid)
     finally:
         proc.kill()
         proc.wait()

@@ -1,5 +1,5 @@
-"""Small process and /proc helpers for the stress scenarios (the child-process
-harness itself is tests.support.children)."""
+"""Small process and /proc helpers (the child-process harness itself is
+tests.support.children)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,39 @@ def rss_bytes(pid: int | str = "self") -> int:
     raise RuntimeError("no VmRSS")
 
 
+def stat_fields(pid: int | str = "self") -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the command name (state first)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return data[data.rindex(b")") + 2 :].split()
+
+
+def start_time(pid: int | str = "self") -> int:
+    """The kernel's start time of pid, in clock ticks since boot (stat field 22)."""
+    return int(stat_fields(pid)[19])
+
+
+def boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
+def cmdline(pid: int | str = "self") -> tuple[str, ...]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return tuple(a.decode() for a in f.read().split(b"\0") if a)
+
+
+def wakeups(pid: int | str = "self") -> int:
+    """Context switches of every thread of pid so far."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+    return total
+
+
 def fds_on(pid: int, path: str) -> list[int]:
     """The descriptors of pid that are open on the file at path (same dev and inode)."""
     st = os.stat(path)
@@ -49,11 +82,9 @@ def fds_on(pid: int, path: str) -> list[int]:
 def alive(pid: int) -> bool:
     """True while pid exists and is not a zombie."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        return stat_fields(pid)[0] != b"Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
-    return data[data.rindex(b")") + 2 :].split()[0] != b"Z"
 
 
 def wait_for(condition: Any, timeout: float = 10.0, what: str = "condition") -> None:

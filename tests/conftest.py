@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import CHECKOUT, IS_ROOT, LINUX
-from tests.support.children import Forked, HolderProcess
+from tests.support.children import Forked, HolderProcess, NonChild, Sleeper
 from tests.support.kernel_locks import open_fds
 
 __all__ = ["HolderProcess", "open_fds"]
@@ -91,6 +91,30 @@ def spawn_holder() -> Iterator[type[HolderProcess]]:
     yield Tracked
     for holder in started:
         holder.close()
+
+
+@pytest.fixture
+def sleeper() -> Iterator[Sleeper]:
+    """A child process that runs until its stdin closes (or it is killed)."""
+    child = Sleeper()
+    yield child
+    child.close()
+
+
+@pytest.fixture
+def non_child() -> Iterator[type[NonChild]]:
+    """Starts processes that are not this process's children (each ended at the
+    end of the test)."""
+    made: list[NonChild] = []
+
+    class Tracked(NonChild):
+        def __init__(self, *args: str) -> None:
+            super().__init__(*args)
+            made.append(self)
+
+    yield Tracked
+    for nc in made:
+        nc.close()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,58 +22,21 @@ from pylock import _exit_schedule
 from pylock._exit_schedule import IdentitySchedule
 from pylock._process import identity_of
 from tests.support import env_with_repo, pidns
+from tests.support.children import NonChild
+from tests.support.procs import start_time
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
-# Keeps a non-child target: it prints the target's pid, then obeys
-# "kill" (kill it, do not reap), "reap" (reap it) on stdin.
-PARENT = textwrap.dedent(
-    """
-    import os, signal, subprocess, sys
-    t = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
-    print(t.pid, flush=True)
-    for line in sys.stdin:
-        if line.strip() == "kill":
-            t.kill()
-            os.waitid(os.P_PID, t.pid, os.WEXITED | os.WNOWAIT)
-        elif line.strip() == "reap":
-            t.wait()
-        print("ok", flush=True)
-    """
-)
-
-
-class NonChild:
-    def __init__(self) -> None:
-        self.parent = subprocess.Popen(
-            [sys.executable, "-c", PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        assert self.parent.stdout is not None
-        self.pid = int(self.parent.stdout.readline())
-        identity = identity_of(self.pid)
-        assert identity is not None
-        self.start_time = identity.start_time
-
-    def say(self, what: str) -> None:
-        assert self.parent.stdin is not None and self.parent.stdout is not None
-        self.parent.stdin.write(what + "\n")
-        self.parent.stdin.flush()
-        assert self.parent.stdout.readline().strip() == "ok"
-
-    def close(self) -> None:
-        assert self.parent.stdin is not None
-        self.parent.kill()
-        self.parent.wait()
-        for stream in (self.parent.stdin, self.parent.stdout):
-            if stream is not None:
-                stream.close()
-
 
 @pytest.fixture
-def target() -> Iterator[NonChild]:
-    t = NonChild()
-    yield t
-    t.close()
+def target(non_child: type[NonChild]) -> NonChild:
+    return non_child()
+
+
+def _kill(target: NonChild) -> None:
+    """Kill the target and return once it is a zombie its parent has not reaped."""
+    target.kill()
+    target.zombify()
 
 
 @pytest.fixture
@@ -99,11 +61,11 @@ def test_a_reaped_process_is_seen_through_the_fingerprint(
     schedule = IdentitySchedule(threaded=False)
     seen: list[str] = []
     _fillers(schedule, 200, seen)
-    schedule.add(target.pid, target.start_time, lambda: seen.append("target"))
+    schedule.add(target.pid, start_time(target.pid), lambda: seen.append("target"))
     assert schedule.check_now() == 0  # the first round checks everything exactly
     assert schedule.check_now() == 0
-    target.say("kill")
-    target.say("reap")
+    _kill(target)
+    target.reap()
     assert schedule.check_now() == 1
     assert seen == ["target"]
     assert len(schedule) == 200
@@ -115,11 +77,11 @@ def test_a_change_held_back_by_the_cpu_budget_is_not_lost(
     schedule = IdentitySchedule(threaded=False)
     seen: list[str] = []
     _fillers(schedule, 100, seen)
-    schedule.add(target.pid, target.start_time, lambda: seen.append("target"))
+    schedule.add(target.pid, start_time(target.pid), lambda: seen.append("target"))
     assert schedule.check_now() == 0
     schedule._next_sweep = float("inf")  # the budget is spent
-    target.say("kill")
-    target.say("reap")
+    _kill(target)
+    target.reap()
     assert schedule.check_now() == 0  # held back...
     schedule._next_sweep = 0.0
     assert schedule.check_now() == 1  # ...and answered once the budget allows
@@ -129,9 +91,9 @@ def test_a_change_held_back_by_the_cpu_budget_is_not_lost(
 def test_an_unreaped_zombie_is_seen_by_the_checks_in_turn(target: NonChild) -> None:
     schedule = IdentitySchedule(threaded=False)
     seen: list[str] = []
-    schedule.add(target.pid, target.start_time, lambda: seen.append("target"))
+    schedule.add(target.pid, start_time(target.pid), lambda: seen.append("target"))
     assert schedule.check_now() == 0
-    target.say("kill")  # a zombie: exists for getpgid, leaves the fingerprint alone
+    _kill(target)  # a zombie: exists for getpgid, leaves the fingerprint alone
     rounds = 0
     while not seen:
         rounds += 1
@@ -145,9 +107,9 @@ def test_checks_in_turn_cover_every_watch(target: NonChild) -> None:
     seen: list[str] = []
     n = 5 * _exit_schedule.EXACT_PER_TICK
     _fillers(schedule, n - 1, seen)
-    schedule.add(target.pid, target.start_time, lambda: seen.append("target"))
+    schedule.add(target.pid, start_time(target.pid), lambda: seen.append("target"))
     schedule.check_now()
-    target.say("kill")  # an unreaped zombie: only the exact checks see it
+    _kill(target)  # an unreaped zombie: only the exact checks see it
     for _ in range(5):
         schedule.check_now()
     assert seen == ["target"]
@@ -156,11 +118,11 @@ def test_checks_in_turn_cover_every_watch(target: NonChild) -> None:
 def test_the_thread_runs_only_while_something_is_watched(target: NonChild) -> None:
     schedule = IdentitySchedule()
     gone = threading.Event()
-    token = schedule.add(target.pid, target.start_time, gone.set)
+    token = schedule.add(target.pid, start_time(target.pid), gone.set)
     thread = schedule._thread
     assert thread is not None and thread.is_alive()
-    target.say("kill")
-    target.say("reap")
+    _kill(target)
+    target.reap()
     assert gone.wait(30)
     schedule.remove(token)
     thread.join(10)

@@ -23,6 +23,7 @@ import pytest
 import pylock
 from pylock import _record
 from pylock._process import ProcessIdentity, identity_of, self_identity
+from tests.support.children import Sleeper
 from tests.support.kernel_locks import granted_pids
 from tests.support.procs import boot_id, cmdline, start_time
 
@@ -81,14 +82,6 @@ def raw_holder() -> Iterator[Any]:
     yield start
     for holder in started:
         holder.close()
-
-
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(["sleep", "1000"])
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 def forge(path: str, ident: ProcessIdentity, **fields: Any) -> bytes:
@@ -178,7 +171,7 @@ def test_holder_is_this_process_while_it_holds(lock_path: str) -> None:
 
 @pytest.mark.parametrize("who", ["sleep process", "parent process", "this process"])
 def test_forged_record_naming_another_live_process_is_not_the_holder(
-    lock_path: str, sleeper: subprocess.Popen[bytes], raw_holder, who: str
+    lock_path: str, sleeper: Sleeper, raw_holder, who: str
 ) -> None:
     pids = {"sleep process": sleeper.pid, "parent process": os.getppid()}
     pid = pids.get(who, os.getpid())
@@ -224,7 +217,7 @@ def test_record_naming_a_dead_process_is_never_the_holder(lock_path: str, raw_ho
 
 
 def test_record_with_a_recycled_pid_is_not_the_holder(
-    lock_path: str, sleeper: subprocess.Popen[bytes], raw_holder
+    lock_path: str, sleeper: Sleeper, raw_holder
 ) -> None:
     """Same pid, other start identity: a later process that reused the pid."""
     ident = identity_of(sleeper.pid)
@@ -341,7 +334,7 @@ def holder_seen_by_nobody(path: str) -> dict[str, Any] | None:
 
 @pytest.mark.root
 def test_unprovable_record_is_reported_unverified(
-    public_lock: str, sleeper: subprocess.Popen[bytes], raw_holder
+    public_lock: str, sleeper: Sleeper, raw_holder
 ) -> None:
     """The record names a live process, the kernel's lock table another one
     whose descriptors this user may not inspect: the table's process is

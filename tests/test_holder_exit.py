@@ -33,43 +33,12 @@ import pylock
 from pylock import ExitWatcher, Holder, Lock, _process, holder_exit, wait_exit
 from pylock._exit import ProcessExit
 from tests.support import env_with_repo, pidns
-from tests.support.children import HolderProcess
+from tests.support.children import HolderProcess, NonChild, Sleeper, sleep_processes
 from tests.support.kernel_locks import open_fds
 
 PINNING = _process.pinning_available()
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECCOMP = [sys.executable, "-m", "tests.support.seccomp", "--"]
-
-# An intermediate process that owns the target, so the target is not our
-# child: it prints the target's pid, then obeys "zombie" (wait until the
-# target exited, without reaping), "reap", and "tell TEXT" (pass a line to
-# the target and print its answer) on stdin.
-INTERMEDIATE = textwrap.dedent(
-    """
-    import os, subprocess, sys
-    target = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
-    if target.stdout.readline().strip() != "ready":
-        sys.exit("target did not start")
-    print(target.pid, flush=True)
-    for line in sys.stdin:
-        if line.strip() == "zombie":
-            os.waitid(os.P_PID, target.pid, os.WEXITED | os.WNOWAIT)
-            print("zombie", flush=True)
-        elif line.strip() == "reap":
-            print(target.wait(), flush=True)
-        elif line.startswith("tell "):
-            target.stdin.write(line[5:])
-            target.stdin.flush()
-            print(target.stdout.readline().strip(), flush=True)
-    target.stdin.close()
-    if target.poll() is None:
-        target.kill()
-    target.wait()
-    """
-)
-
-SLEEPER = "import sys; print('ready', flush=True); sys.stdin.read()"
 
 LOCK_HOLDER = textwrap.dedent(
     """
@@ -85,100 +54,10 @@ LOCK_HOLDER = textwrap.dedent(
 )
 
 
-class NonChild:
-    """A process that is not our child (its parent is an intermediate we own)."""
-
-    def __init__(self, code: str = SLEEPER, *args: str) -> None:
-        self.parent = subprocess.Popen(
-            [sys.executable, "-c", INTERMEDIATE, sys.executable, "-c", code, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env_with_repo(),
-        )
-        self.pid = int(self._line())
-
-    def _line(self) -> str:
-        assert self.parent.stdout is not None
-        line = self.parent.stdout.readline()
-        assert line, "the intermediate process failed"
-        return line.strip()
-
-    def _say(self, what: str) -> None:
-        assert self.parent.stdin is not None
-        self.parent.stdin.write(what + "\n")
-        self.parent.stdin.flush()
-
-    def kill(self) -> None:
-        os.kill(self.pid, signal.SIGKILL)
-
-    def tell(self, text: str) -> str:
-        """Pass a line to the target; returns its one-line answer."""
-        self._say("tell " + text)
-        return self._line()
-
-    def zombify(self) -> None:
-        """Wait until the target has exited; its parent does not reap it yet."""
-        self._say("zombie")
-        assert self._line() == "zombie"
-
-    def reap(self) -> int:
-        self._say("reap")
-        return int(self._line())
-
-    def close(self) -> None:
-        if self.parent.poll() is None:
-            assert self.parent.stdin is not None
-            self.parent.stdin.close()
-            self.parent.wait(timeout=30)
-        assert self.parent.stdout is not None
-        self.parent.stdout.close()
-
-
 @pytest.fixture
-def non_child() -> Iterator[type[NonChild]]:
-    made: list[NonChild] = []
-
-    class Tracked(NonChild):
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            made.append(self)
-
-    yield Tracked
-    for nc in made:
-        nc.close()
-
-
-class Child:
+def child(sleeper: Sleeper) -> Sleeper:
     """A child of ours that runs until its stdin closes."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SLEEPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
-        assert self.proc.stdout is not None
-        assert self.proc.stdout.readline() == b"ready\n"
-        self.pid = self.proc.pid
-
-    def zombify(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
-
-
-@pytest.fixture
-def child() -> Iterator[Child]:
-    c = Child()
-    yield c
-    c.close()
+    return sleeper
 
 
 # Every event-loop test marked any_loop runs on asyncio's default loop and on
@@ -290,7 +169,7 @@ def test_a_childs_status_is_reported_and_popen_still_reaps_it(code: str, expecte
 
 
 @pytest.mark.usefixtures("any_loop")
-def test_a_killed_childs_status_is_minus_the_signal(child: Child) -> None:
+def test_a_killed_childs_status_is_minus_the_signal(child: Sleeper) -> None:
     async def main() -> int | None:
         task = await started(holder_exit(child.pid))
         child.proc.send_signal(signal.SIGKILL)
@@ -300,13 +179,13 @@ def test_a_killed_childs_status_is_minus_the_signal(child: Child) -> None:
     assert child.proc.wait() == -signal.SIGKILL
 
 
-def test_wait_exit_on_a_child_does_not_reap_it(child: Child) -> None:
+def test_wait_exit_on_a_child_does_not_reap_it(child: Sleeper) -> None:
     threading.Timer(0.05, child.proc.terminate).start()
     assert wait_exit(child.pid, timeout=60) is True
     assert child.proc.wait(timeout=60) == -signal.SIGTERM
 
 
-def test_a_child_zombie_reads_as_exited(child: Child) -> None:
+def test_a_child_zombie_reads_as_exited(child: Sleeper) -> None:
     child.zombify()
     assert wait_exit(child.pid, timeout=0) is True
     assert run(holder_exit(child.pid, timeout=0)) == 0
@@ -323,7 +202,7 @@ def test_a_pid_that_is_gone_has_exited() -> None:
 # -- timeouts, cancellation, errors ----------------------------------------------
 
 
-def test_timeouts(child: Child) -> None:
+def test_timeouts(child: Sleeper) -> None:
     with pytest.raises(TimeoutError, match=f"pid {child.pid} did not exit within"):
         run(holder_exit(child.pid, timeout=0.05))
     with pytest.raises(TimeoutError):
@@ -346,7 +225,7 @@ FOREVER = [None, -1, -1.0, float("inf"), 1e12, 1e300, 2**70]
 
 
 @pytest.mark.parametrize("timeout", FOREVER, ids=repr)
-def test_timeouts_that_mean_forever_wait_until_the_exit(child: Child, timeout: Any) -> None:
+def test_timeouts_that_mean_forever_wait_until_the_exit(child: Sleeper, timeout: Any) -> None:
     assert child.proc.stdin is not None
     child.proc.stdin.close()  # it exits now, and the wait must see it
     assert wait_exit(child.pid, timeout=timeout) is True
@@ -354,7 +233,7 @@ def test_timeouts_that_mean_forever_wait_until_the_exit(child: Child, timeout: A
 
 @pytest.mark.usefixtures("any_loop")
 @pytest.mark.parametrize("timeout", FOREVER, ids=repr)
-def test_holder_exit_timeouts_that_mean_forever(child: Child, timeout: Any) -> None:
+def test_holder_exit_timeouts_that_mean_forever(child: Sleeper, timeout: Any) -> None:
     async def main() -> Any:
         task = await started(holder_exit(child.pid, timeout=timeout))
         assert child.proc.stdin is not None
@@ -427,7 +306,7 @@ class Interrupted(Exception):
 @pytest.mark.parametrize("kind", ["child", "non-child"])
 def test_wait_exit_runs_signal_handlers(kind: str, non_child: type[NonChild]) -> None:
     # A handler that raises (like Ctrl-C's KeyboardInterrupt) ends the wait.
-    target = Child() if kind == "child" else non_child()
+    target = Sleeper() if kind == "child" else non_child()
 
     def on_alarm(signum: int, frame: Any) -> None:
         raise Interrupted
@@ -440,7 +319,7 @@ def test_wait_exit_runs_signal_handlers(kind: str, non_child: type[NonChild]) ->
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        if isinstance(target, Child):
+        if isinstance(target, Sleeper):
             target.close()
 
 
@@ -472,9 +351,9 @@ def _selector_size(loop: asyncio.AbstractEventLoop) -> int:
 def test_cancellation_and_timeouts_leak_nothing(
     kind: str, non_child: type[NonChild], lock_path: str
 ) -> None:
-    target: Child | NonChild | Lock
+    target: Sleeper | NonChild | Lock
     if kind == "child":
-        child = target = Child()
+        child = target = Sleeper()
     elif kind == "non-child":
         target = non_child()
     else:  # the fallback waits on the lock in a thread: cancelled 500 times too
@@ -646,7 +525,7 @@ def test_a_lock_whose_holder_cannot_be_identified(form: str, lock_path: str) -> 
 
 
 @pytest.mark.usefixtures("any_loop")
-def test_holder_targets(child: Child) -> None:
+def test_holder_targets(child: Sleeper) -> None:
     ident = _process.identity_of(child.pid)
     assert ident is not None
     holder = Holder(
@@ -693,13 +572,9 @@ def test_holder_targets(child: Child) -> None:
 # -- many processes from one loop -------------------------------------------------
 
 
-def _sleepers(n: int) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen(["sleep", "3600"]) for _ in range(n)]
-
-
 @pytest.mark.usefixtures("any_loop")
 def test_exit_watcher_delivers_each_exit_as_it_happens() -> None:
-    procs = _sleepers(100)
+    procs = sleep_processes(100)
     try:
 
         async def main() -> None:
@@ -733,7 +608,7 @@ def test_exit_watcher_delivers_each_exit_as_it_happens() -> None:
 
 @pytest.mark.usefixtures("any_loop")
 def test_exit_watcher_sees_simultaneous_exits_callbacks_and_unwatch() -> None:
-    procs = _sleepers(60)
+    procs = sleep_processes(60)
     try:
 
         async def main() -> None:
@@ -772,7 +647,7 @@ def test_exit_watcher_sees_simultaneous_exits_callbacks_and_unwatch() -> None:
 
 @pytest.mark.usefixtures("any_loop")
 def test_exit_watcher_futures_cancel_cleanly() -> None:
-    procs = _sleepers(20)
+    procs = sleep_processes(20)
     try:
 
         async def main() -> None:

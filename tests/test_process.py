@@ -10,45 +10,15 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 
 import pytest
 
 from pylock import _process
 from pylock._process import ProcessIdentity, identity_of, is_alive, same_process, self_identity
+from tests.support.children import Sleeper
 from tests.support.procs import boot_id, start_time, stat_fields
 
 PINNING = _process.pinning_available()
-
-
-class Sleeper:
-    """A child that runs until its stdin closes."""
-
-    def __init__(self, code: str = "import sys; sys.stdin.read()") -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
-        self.pid = self.proc.pid
-
-    def end(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait()
-
-    def zombify(self) -> None:
-        """Let it exit and stay unreaped: waitid(WNOWAIT) returns once it is a zombie."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
-
-
-@pytest.fixture
-def sleeper() -> Iterator[Sleeper]:
-    s = Sleeper()
-    yield s
-    if s.proc.poll() is None:
-        s.proc.kill()
-    s.proc.wait()
-    if s.proc.stdin is not None:
-        s.proc.stdin.close()
 
 
 def test_identity_of_self_matches_the_kernel() -> None:

@@ -6,6 +6,10 @@ line by line over a pipe, when they have done something.
   it has done what the line says).  Closing stdin is "stop".
 - `Script`: a Python child (`python -c code args`) that imports pylock and
   tests.support from this checkout.
+- `Sleeper`: a Script that says "ready" and runs until its stdin closes.
+- `NonChild`: a program that is not the test's child (an intermediate the
+  test owns is its parent), to watch and reap from outside.
+- `sleep_processes`: many plain `sleep` processes, cheap to start by the hundred.
 - `HolderProcess`: a Script that takes a pylock lock and holds it until its
   stdin closes or it is killed.
 - `Forked`: a forked copy of the test process running a function, lines over
@@ -95,6 +99,11 @@ class Child:
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             self.proc.stdin.close()
 
+    def zombify(self) -> None:
+        """Close its stdin and return once it has exited, left unreaped (a zombie)."""
+        self.close_stdin()
+        os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.proc.send_signal(sig)
@@ -129,6 +138,94 @@ class Script(Child):
     ) -> None:
         argv = [*prefix, sys.executable, "-c", code, *args]
         super().__init__(argv, env_with_repo(env), capture_stderr, **popen)
+
+
+SLEEPER = "import sys; print('ready', flush=True); sys.stdin.read()"
+
+
+class Sleeper(Script):
+    """A child of the test that runs until its stdin closes."""
+
+    def __init__(self) -> None:
+        super().__init__(SLEEPER, capture_stderr=False)  # no thread: tests count threads
+        try:
+            self.expect("ready")
+        except BaseException:
+            self.close()
+            raise
+
+
+def sleep_processes(n: int) -> list[subprocess.Popen[bytes]]:
+    """n `sleep` processes, the test's to kill and reap (no interpreter, no
+    pipes: cheap to start by the hundred)."""
+    return [subprocess.Popen(["sleep", "3600"]) for _ in range(n)]
+
+
+# Owns a target program, so the target is not the test's child: it prints
+# the target's pid once the target said "ready", then obeys "zombie" (wait
+# until the target exited, without reaping), "reap", and "tell TEXT" (pass a
+# line to the target and print its answer) on stdin.
+INTERMEDIATE = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    target = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    if target.stdout.readline().strip() != "ready":
+        sys.exit("target did not start")
+    print(target.pid, flush=True)
+    for line in sys.stdin:
+        if line.strip() == "zombie":
+            os.waitid(os.P_PID, target.pid, os.WEXITED | os.WNOWAIT)
+            print("zombie", flush=True)
+        elif line.strip() == "reap":
+            print(target.wait(), flush=True)
+        elif line.startswith("tell "):
+            target.stdin.write(line[5:])
+            target.stdin.flush()
+            print(target.stdout.readline().strip(), flush=True)
+    target.stdin.close()
+    if target.poll() is None:
+        target.kill()
+    target.wait()
+    """
+)
+
+
+class NonChild:
+    """A Python program (code, saying "ready" first) that is not the test's
+    child: its parent is an intermediate the test owns."""
+
+    def __init__(self, code: str = SLEEPER, *args: str) -> None:
+        self.parent = Script(INTERMEDIATE, sys.executable, "-c", code, *args, capture_stderr=False)
+        try:
+            self.pid = int(self.parent.expect())
+        except BaseException:
+            self.parent.close()
+            raise
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+
+    def tell(self, text: str) -> str:
+        """Pass a line to the target; returns its one-line answer."""
+        self.parent.send("tell " + text)
+        return self.parent.expect()
+
+    def zombify(self) -> None:
+        """Wait until the target has exited; its parent does not reap it yet."""
+        self.parent.send("zombie")
+        self.parent.expect("zombie")
+
+    def reap(self) -> int:
+        self.parent.send("reap")
+        return int(self.parent.expect())
+
+    def close(self) -> None:
+        """End the target and its parent (closing the parent's stdin ends both)."""
+        self.parent.close_stdin()
+        if self.parent.proc.poll() is None:
+            self.parent.wait(timeout=30)
+        self.parent.close()
 
 
 # Takes a lock, prints "locked" and then holds it until its stdin closes (or

@@ -23,7 +23,7 @@ import pytest
 import pylock
 from pylock import _record
 from pylock._process import ProcessIdentity, identity_of, self_identity
-from tests.support.children import Sleeper
+from tests.support.children import Script, Sleeper
 from tests.support.kernel_locks import granted_pids
 from tests.support.procs import boot_id, cmdline, start_time
 
@@ -47,28 +47,13 @@ RAW_HOLDER = textwrap.dedent(
 )
 
 
-class RawHolder:
+class RawHolder(Script):
     def __init__(self, path: str, kind: str = "ex", fork: bool = False) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", RAW_HOLDER, path, kind, "fork" if fork else "-"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
+        super().__init__(RAW_HOLDER, path, kind, "fork" if fork else "-")
         self.pids: dict[str, int] = {}
         for _ in range(2 if fork else 1):
-            role, pid = self.proc.stdout.readline().split()
+            role, pid = self.expect().split()
             self.pids[role] = int(pid)
-        self.pid = self.proc.pid
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.close()  # ends a forked child too
-        self.proc.wait()
-        self.proc.stdout.close()
 
 
 @pytest.fixture

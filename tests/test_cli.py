@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import pylock
-from tests.cli_support import PYLOCK, Holder, cli, cli_env, free_now, wait_blocked
+from tests.support.cli import PYLOCK, Holder, cli, cli_env
+from tests.support.kernel_locks import free_now, wait_blocked
 
 # -- the lock and the command ---------------------------------------------------
 

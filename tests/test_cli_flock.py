@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_support import FLOCK, PYLOCK, Holder, cli_env, needs_flock, wait_blocked
+from tests.support.cli import FLOCK, PYLOCK, Holder, cli_env, needs_flock
+from tests.support.kernel_locks import wait_blocked
 
 F = "F"  # stands for the lock file in the rows below
 D = "D"  # a directory

@@ -17,16 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_support import (
+from tests.support.cli import (
     FLOCK,
     PYLOCK,
     Holder,
     cli,
     cli_env,
-    free_now,
     needs_flock,
-    wait_blocked,
 )
+from tests.support.kernel_locks import free_now, wait_blocked
 
 WRAPPERS = [pytest.param([PYLOCK, "run"], id="pylock")]
 if FLOCK is not None:

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pylock
-from tests.cli_support import FLOCK, PYLOCK, Holder, cli, cli_env, free_now, wait_blocked
+from tests.support.cli import FLOCK, PYLOCK, Holder, cli, cli_env
+from tests.support.kernel_locks import free_now, wait_blocked
 
 # -- who -----------------------------------------------------------------------------
 

@@ -16,8 +16,9 @@ import pytest
 import pylock
 from pylock._dirs import UnsafeDirectory
 from pylock._ports import listeners
-from tests.daemon_kit import NOBODY, AsUser, hold_until_told
 from tests.support import env_with_repo
+from tests.support.children import Forked
+from tests.support.procs import NOBODY
 
 
 @pytest.fixture
@@ -77,37 +78,43 @@ def test_port_lock_across_processes_names_the_holder(port_dir):
 @pytest.mark.root  # run a holder as another user
 def test_port_lock_across_users(port_dir):
     port = free_port()
-    other = AsUser(NOBODY, hold_until_told(lambda: pylock.port_lock(port, info={"u": "nobody"})))
+
+    def hold(chan: Forked.Chan) -> None:
+        lock = pylock.port_lock(port, info={"u": "nobody"})
+        chan.say("held")
+        chan.until_closed()
+        lock.close()
+
+    other = Forked(hold, user=NOBODY)
     try:
-        other.expect("held")
+        assert other.line() == "held"
         lock_file = port_dir / f"tcp-{port}.lock"
-        assert lock_file.stat().st_uid == NOBODY
+        assert lock_file.stat().st_uid == NOBODY[0]
         assert lock_file.stat().st_mode & 0o777 == 0o666
         with pytest.raises(pylock.LockHeld) as caught:
             pylock.port_lock(port)
         holder = caught.value.holder
         assert holder is not None and holder.pid == other.pid and holder.verified
         assert holder.info == {"u": "nobody", "port": port, "protocol": "tcp"}
-        other.inp.close()
+        other.close_input()
         assert other.wait() == 0
         # Now root takes the lock in nobody's file, and nobody is refused, told who.
         mine = pylock.port_lock(port)
         try:
 
-            def refused(out, inp) -> None:
+            def refused(chan: Forked.Chan) -> None:
                 try:
                     pylock.port_lock(port)
                 except pylock.LockHeld as exc:
-                    out.write(f"refused {exc.holder.pid if exc.holder else 0}\n")
+                    chan.say(f"refused {exc.holder.pid if exc.holder else 0}")
 
-            loser = AsUser(NOBODY, refused)
-            assert loser.expect("refused") == f"refused {os.getpid()}"
+            loser = Forked(refused, user=NOBODY)
+            assert loser.line() == f"refused {os.getpid()}"
             assert loser.wait() == 0
-            loser.close()
         finally:
             mine.close()
     finally:
-        other.close()
+        other.kill()
 
 
 def test_bind_port_holds_the_lock_with_the_socket(port_dir):

@@ -21,8 +21,9 @@ import pylock
 from pylock._process import ProcessIdentity, identity_of
 from pylock._record import RecordTemplate
 from pylock._singleton import TakeoverRefused
-from tests.daemon_kit import NOBODY, AsUser
 from tests.support import env_with_repo
+from tests.support.children import Forked
+from tests.support.procs import NOBODY
 
 # A daemon: takes the singleton, says "ready <pid>", and on SIGTERM says
 # "term" and exits 0 (or, told to, ignores SIGTERM and says "ignored").
@@ -320,25 +321,25 @@ def test_refuses_another_users_process(public_dir):
     tmp_path = public_dir
     hit: list[str] = []
 
-    def daemon(out, inp) -> None:
-        signal.signal(signal.SIGTERM, lambda *a: out.write("term\n"))
+    def daemon(chan: Forked.Chan) -> None:
+        signal.signal(signal.SIGTERM, lambda *a: chan.say("term"))
         lock = pylock.singleton(directory=tmp_path)
-        out.write("held\n")
-        inp.read()
+        chan.say("held")
+        chan.until_closed()
         lock.close()
 
-    other = AsUser(NOBODY, daemon)
+    other = Forked(daemon, user=NOBODY)
     try:
-        other.expect("held")
+        assert other.line() == "held"
         with pytest.raises(TakeoverRefused) as caught:
             pylock.singleton(directory=tmp_path, takeover=0.1)
         assert "another user" in str(caught.value) and "uid 65534" in str(caught.value)
-        other.inp.close()
-        hit.extend(other.out.read().split())
+        other.close_input()
+        hit.extend(other.rest())
         assert other.wait() == 0
         assert hit == []  # never signalled
     finally:
-        other.close()
+        other.kill()
 
 
 @pytest.mark.root  # run both sides as another user
@@ -350,32 +351,32 @@ def test_refuses_a_holder_it_may_not_inspect(public_dir):
 
     import pylock._exit  # likewise: loaded before the fork
 
-    def daemon(out, inp) -> None:
-        signal.signal(signal.SIGTERM, lambda *a: out.write("term\n"))
+    def daemon(chan: Forked.Chan) -> None:
+        signal.signal(signal.SIGTERM, lambda *a: chan.say("term"))
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
         lock = pylock.singleton(directory=public_dir)
-        out.write("held\n")
-        inp.read()
+        chan.say("held")
+        chan.until_closed()
         lock.close()
 
-    def taker(out, inp) -> None:
+    def taker(chan: Forked.Chan) -> None:
         try:
             pylock.singleton(directory=public_dir, takeover=0.1)
         except TakeoverRefused as exc:
-            out.write("refused " + str(exc).replace("\n", " ") + "\n")
+            chan.say("refused " + str(exc).replace("\n", " "))
 
-    holder = AsUser(NOBODY, daemon)
+    holder = Forked(daemon, user=NOBODY)
     try:
-        holder.expect("held")
-        other = AsUser(NOBODY, taker)
-        line = other.expect("refused")
-        other.close()
-        assert "may not inspect" in line
-        holder.inp.close()
-        assert holder.out.read() == ""  # never signalled
+        assert holder.line() == "held"
+        other = Forked(taker, user=NOBODY)
+        line = other.line()
+        other.kill()
+        assert line.startswith("refused ") and "may not inspect" in line
+        holder.close_input()
+        assert holder.rest() == []  # never signalled
         assert holder.wait() == 0
     finally:
-        holder.close()
+        holder.kill()
 
 
 def test_refuses_this_process_itself(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 
 import pylock
 from pylock._dirs import UnsafeDirectory
-from tests.daemon_kit import NOBODY
+from tests.support.procs import NOBODY
 
 LISTENER = textwrap.dedent(
     """
@@ -206,7 +206,7 @@ def test_a_symlinked_runtime_dir_is_refused(no_runtime_env, tmp_path):
 def test_a_runtime_dir_of_another_user_is_refused(monkeypatch, tmp_path):
     planted = tmp_path / "planted"
     planted.mkdir(mode=0o700)
-    os.chown(planted, NOBODY, NOBODY)
+    os.chown(planted, *NOBODY)
     monkeypatch.setenv("PYLOCK_RUNTIME_DIR", str(planted))
     with pytest.raises(UnsafeDirectory, match="belongs to uid 65534"):
         pylock.singleton("agent")

@@ -13,7 +13,8 @@ line by line over a pipe, when they have done something.
 - `HolderProcess`: a Script that takes a pylock lock and holds it until its
   stdin closes or it is killed.
 - `Forked`: a forked copy of the test process running a function, lines over
-  pipes both ways (for tests that need the parent's state in the child).
+  pipes both ways (for tests that need the parent's state in the child),
+  optionally as another user.
 """
 
 from __future__ import annotations
@@ -279,7 +280,14 @@ def _close_all_but(*keep: int) -> None:
 class Forked:
     """A forked copy of this process running fn(chan); lines over pipes both ways."""
 
-    def __init__(self, fn: Callable[[Forked.Chan], None]) -> None:
+    def __init__(
+        self, fn: Callable[[Forked.Chan], None], user: tuple[int, int] | None = None
+    ) -> None:
+        """user (uid, gid): the child drops to it for good before fn runs, as a
+        process that user started (an interpreter under /root, mode 0700, is
+        not one another user could exec, so the test forks instead)."""
+        from tests.support.procs import become  # here: procs imports this module
+
         down_r, down_w = os.pipe()
         up_r, up_w = os.pipe()
         pid = os.fork()
@@ -287,6 +295,8 @@ class Forked:
             code = 0
             try:
                 _close_all_but(down_r, up_w)
+                if user is not None:
+                    become(user)
                 fn(Forked.Chan(down_r, up_w))
             except BaseException:
                 traceback.print_exc()
@@ -318,6 +328,11 @@ class Forked:
                 line += chunk
             return line.decode().rstrip("\n")
 
+        def until_closed(self) -> None:
+            """Block until the parent closes its end (what it sends meanwhile is dropped)."""
+            while self._r.read(4096):
+                pass
+
     def line(self, timeout: float = 10.0) -> str:
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buf:
@@ -333,11 +348,33 @@ class Forked:
     def tell(self, text: str) -> None:
         os.write(self._to, text.encode() + b"\n")
 
+    def close_input(self) -> None:
+        """Close the child's input: its hear() answers "", until_closed() returns."""
+        if self._to >= 0:
+            os.close(self._to)
+            self._to = -1
+
+    def rest(self, timeout: float = 30.0) -> list[str]:
+        """Every line the child still says, until it closes its end (or ends)."""
+        lines = []
+        deadline = time.monotonic() + timeout
+        while True:
+            ready, _, _ = select.select([self._from], [], [], max(deadline - time.monotonic(), 0))
+            assert ready, f"child {self.pid} kept its output open for {timeout} s"
+            chunk = os.read(self._from, 4096)
+            if not chunk:
+                break
+            self._buf += chunk
+        while self._buf:
+            text, _, self._buf = self._buf.partition(b"\n")
+            lines.append(text.decode())
+        return lines
+
     def wait(self) -> int:
         if self.status is None:
             _, status = os.waitpid(self.pid, 0)
             self.status = os.waitstatus_to_exitcode(status)
-            os.close(self._to)
+            self.close_input()
             os.close(self._from)
         return self.status
 

@@ -23,6 +23,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,6 +92,27 @@ def spawn_holder() -> Iterator[type[HolderProcess]]:
     yield Tracked
     for holder in started:
         holder.close()
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[Any]:
+    """One etcd for a module (its tests use distinct lock names): started here,
+    or the running cluster PYLOCK_ETCD_ENDPOINTS names (.ci/run sets it).
+    Afterwards the etcd thread the module's in-process locks started is ended:
+    the rest of the suite checks that pylock leaves no threads of its own."""
+    from tests.support.etcd_locks import end_etcd_thread, etcd_for_tests
+
+    try:
+        with etcd_for_tests() as cluster:
+            yield cluster
+    finally:
+        end_etcd_thread()
+
+
+@pytest.fixture
+def lock_name(request: pytest.FixtureRequest) -> str:
+    """A name no other test (nor another run of this one) uses."""
+    return f"{request.node.name}-{os.getpid()}"
 
 
 @pytest.fixture

@@ -15,41 +15,19 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
 import pylock
 from pylock import LockHeld, LockTimeout, NotHeld, ReentrantAcquire, SupportsLock
-from tests.etcd_helpers import (
+from tests.support import env_with_repo
+from tests.support.etcd import EtcdCluster
+from tests.support.etcd_locks import (
     contenders,
-    end_etcd_thread,
-    etcd_for_tests,
     expect_line,
     holder_process,
     require_etcd,
 )
-from tests.support import env_with_repo
-from tests.support.etcd import EtcdCluster
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _end_etcd_thread() -> Iterator[None]:
-    yield
-    end_etcd_thread()
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdCluster]:
-    """One etcd for the module (tests use distinct lock names): started here, or
-    the running cluster PYLOCK_ETCD_ENDPOINTS names (.ci/run sets it)."""
-    with etcd_for_tests() as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def lock_name(request: pytest.FixtureRequest) -> str:
-    return f"{request.node.name}-{os.getpid()}"
 
 
 def make_lock(cluster: EtcdCluster, name: str, **kw: object) -> pylock.etcd.EtcdLock:

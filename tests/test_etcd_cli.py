@@ -3,42 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 
-import pytest
-
-from tests.etcd_helpers import (
+from tests.support import env_with_repo
+from tests.support.children import Script
+from tests.support.etcd import EtcdCluster
+from tests.support.etcd_locks import (
     contenders,
-    end_etcd_thread,
-    etcd_for_tests,
     expect_line,
     require_etcd,
 )
-from tests.support import env_with_repo
-from tests.support.etcd import EtcdCluster
-from tests.support.procs import Script
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _end_etcd_thread() -> Iterator[None]:
-    yield
-    end_etcd_thread()
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdCluster]:
-    with etcd_for_tests() as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def lock_name(request: pytest.FixtureRequest) -> str:
-    return f"{request.node.name}-{os.getpid()}"
 
 
 def pylock_argv(*args: str) -> list[str]:

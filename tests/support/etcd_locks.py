@@ -1,4 +1,5 @@
-"""Helpers and child processes for the etcd tests (real etcd processes on loopback).
+"""The etcd tests' harness: which etcd they use, and EtcdLock seen from outside
+(a child process holding one, the contenders queued in etcd).
 
 The tests start their own etcd (tests/support/etcd.py), so ``pytest tests``
 needs nothing running.  Without the etcd binary or the `etcd` extra the etcd
@@ -20,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.children import Script
 from tests.support.etcd import EtcdCluster, etcd_available
-from tests.support.procs import Script
 
 
 def _missing() -> str | None:

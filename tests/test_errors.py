@@ -26,8 +26,7 @@ import pylock
 from pylock import _fs
 from pylock._errors import NOT_REGULAR, SYMLINK
 from tests.support import IS_ROOT, env_with_repo, mounts
-
-NOBODY = 65534
+from tests.support.procs import NOBODY, in_child
 
 # Permanent errors must not wait: acquire(timeout=FAR) has to come back at
 # once.  Only "far below the timeout" is asserted; timing goals live in bench/.
@@ -286,24 +285,9 @@ def as_nobody(path: str) -> dict[str, dict[str, Any]]:
     """outcomes(path) computed by a forked child running as uid/gid 65534."""
     if not IS_ROOT:
         return outcomes(path)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            os.write(w, json.dumps(outcomes(path)).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-    return json.loads(data)  # type: ignore[no-any-return]
+    result = in_child(lambda: outcomes(path), user=NOBODY)
+    assert "value" in result, result
+    return result["value"]  # type: ignore[no-any-return]
 
 
 def test_unsearchable_directory_is_permission_denied(public_dir: Path) -> None:

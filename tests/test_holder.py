@@ -25,7 +25,7 @@ from pylock import _record
 from pylock._process import ProcessIdentity, identity_of, self_identity
 from tests.support.children import Script, Sleeper
 from tests.support.kernel_locks import granted_pids
-from tests.support.procs import boot_id, cmdline, start_time
+from tests.support.procs import NOBODY, boot_id, cmdline, in_child, start_time
 
 # -- helpers ---------------------------------------------------------------
 
@@ -279,8 +279,6 @@ def test_holder_without_a_record_is_named_from_the_kernel(lock_path: str, raw_ho
 
 # -- seen by a user who may not look at the holder's descriptors ------------------
 
-NOBODY = 65534
-
 
 @pytest.fixture
 def public_lock(public_dir: Path) -> str:
@@ -292,29 +290,21 @@ def public_lock(public_dir: Path) -> str:
 
 def holder_seen_by_nobody(path: str) -> dict[str, Any] | None:
     """holder() as computed by a forked child running as uid/gid 65534."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            found = pylock.Lock(path).holder()
-            out = None
-            if found is not None:
-                out = {"pid": found.pid, "verified": found.verified, "note": found.note}
-                out["text"] = found.describe()
-            os.write(w, json.dumps(out).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-    return json.loads(data)  # type: ignore[no-any-return]
+
+    def look() -> dict[str, Any] | None:
+        found = pylock.Lock(path).holder()
+        if found is None:
+            return None
+        return {
+            "pid": found.pid,
+            "verified": found.verified,
+            "note": found.note,
+            "text": found.describe(),
+        }
+
+    result = in_child(look, user=NOBODY)
+    assert "value" in result, result
+    return result["value"]  # type: ignore[no-any-return]
 
 
 @pytest.mark.root

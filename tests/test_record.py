@@ -22,9 +22,10 @@ import pylock
 from pylock import _record
 from pylock._process import self_identity
 from tests.support import mounts
+from tests.support.children import Forked
 from tests.support.kernel_locks import free_from_elsewhere
+from tests.support.procs import NOBODY
 
-NOBODY = 65534
 HEADER = re.compile(rb"\Apylock-record v1 (\d+) ([0-9a-f]{8})\n")
 
 
@@ -275,43 +276,30 @@ def test_read_only_lock_file_of_another_user(public_dir: Path, spawn_holder) -> 
     path = public_dir / "x.lock"
     path.touch()
     os.chmod(path, 0o644)
-    r, w = os.pipe()
-    stop_r, stop_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.close(r)
-            os.close(stop_w)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            records: list[logging.LogRecord] = []
-            handler = logging.Handler()
-            handler.emit = records.append  # type: ignore[method-assign]
-            logging.getLogger("pylock").addHandler(handler)
-            lock = pylock.Lock(path)
-            lock.acquire(timeout=10)
-            os.write(w, b"locked %d\n" % len(records))
-            os.read(stop_r, 1)  # hold until the test has looked
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    os.close(stop_r)
-    with os.fdopen(r, "rb") as f:
-        line = f.readline()
+
+    def hold(chan: Forked.Chan) -> None:
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler()
+        handler.emit = records.append  # type: ignore[method-assign]
+        logging.getLogger("pylock").addHandler(handler)
+        lock = pylock.Lock(path)
+        lock.acquire(timeout=10)
+        chan.say(f"locked {len(records)}")
+        chan.until_closed()  # hold until the test has looked
+
+    child = Forked(hold, user=NOBODY)
     try:
-        word, warnings = line.split()
-        assert word == b"locked"
+        word, warnings = child.line().split()
+        assert word == "locked"
         assert held_by_other_process(str(path))
         found = pylock.Lock(path).holder()
-        assert found is not None and found.pid == pid and found.verified
+        assert found is not None and found.pid == child.pid and found.verified
         assert os.path.getsize(path) == 0
         assert int(warnings) == 1, "no warning that the record could not be written"
+        child.close_input()
+        assert child.wait() == 0
     finally:
-        os.close(stop_w)
-        os.waitpid(pid, 0)
+        child.kill()
 
 
 def test_acquired_at_is_utc(lock_path: str) -> None:

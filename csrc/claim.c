@@ -217,6 +217,8 @@ int pl_claim(pl_lockfile *lf)
         if (lf->record_error == 0)
             lf->record_size = size > written ? size : (uint64_t)written;
     }
+    if (lf->holds != NULL)
+        lf->held_since = pl__monotonic_ns();
     return -lf->record_error;
 }
 

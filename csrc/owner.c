@@ -73,7 +73,9 @@ int pl_disown(pl_lockfile *lf, uintptr_t token, int unlock)
         return -1;
     /* Still the owner: nobody else uses the descriptor until the word is 0. */
     if (unlock && lf->handle >= 0)
-        pl_unlock(lf->handle);
+        pl_release(lf); /* files the hold when metrics time it, unlocks */
+    else
+        lf->held_since = 0;
     while (!swap_word(&lf->owner, &seen, 0)) {
         /* Only a waiter's mark can have changed it meanwhile. */
     }

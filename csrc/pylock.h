@@ -87,6 +87,14 @@ int pl_wake_signal_lost(void);
 int pl_write_record(pl_handle h, const char *buf, size_t len);
 int pl_read_record(pl_handle h, char *buf, size_t cap, size_t *len);
 
+/* The completed holds of one lock path while pylock.metrics is on, shared
+ * by the path's pl_lockfile structs (added to atomically). */
+typedef struct {
+    uint64_t held_ns;   /* their total length */
+    uint64_t slots[65]; /* how many lasted d ns, by d's bit length: the b
+                           with 2**(b-1) <= d < 2**b */
+} pl_hold_stats;
+
 /* One lock file as a Lock object uses it: filled once from Python, then
  * passed as a single pointer on every acquisition. */
 typedef struct {
@@ -111,6 +119,9 @@ typedef struct {
                              by whoever opens a new descriptor */
     uintptr_t owner;      /* the attempt that owns this lock file (pl_own);
                              touched only through pl_own and pl_disown */
+    pl_hold_stats *holds; /* NULL: holds are not timed (metrics off) */
+    int64_t held_since;   /* with holds: the monotonic clock in ns when
+                             pl_claim took the lock; 0 outside a timed hold */
 } pl_lockfile;
 
 /* One attempt at a time owns a lock file, from before it opens or locks it
@@ -123,8 +134,8 @@ typedef struct {
  * so that its pl_disown returns 1; EINVAL for a bad token.  An owner that got
  * the file after waiting is told the same, as others may still wait. */
 int pl_own(pl_lockfile *lf, uintptr_t token, int waiting);
-/* If token owns the file: unlock it first when unlock is set (harmless when
- * nothing is held), then free it.  Returns 1 when waiters are to be woken,
+/* If token owns the file: unlock it first when unlock is set (pl_release:
+ * harmless when nothing is held), then free it.  Returns 1 when waiters are to be woken,
  * 0 when none wait, -1 when token does not own it (nothing is done). */
 int pl_disown(pl_lockfile *lf, uintptr_t token, int unlock);
 
@@ -146,6 +157,8 @@ int pl_claim(pl_lockfile *lf);
  * EBADF: token owns it now, but it is not open (lf->handle < 0).  Every
  * other result leaves the file token's, to give back with pl_disown. */
 int pl_acquire(pl_lockfile *lf, uintptr_t token);
+/* pl_unlock, after filing the hold in lf->holds if pl_claim timed it. */
+int pl_release(pl_lockfile *lf);
 /* CDEF-END */
 
 #endif

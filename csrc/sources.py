@@ -12,6 +12,7 @@ SOURCES = {
     "linux": [
         "claim.c",
         "owner.c",
+        "holds.c",
         "lock_posix.c",
         "wait_posix.c",
         "proc_linux.c",
@@ -22,6 +23,7 @@ SOURCES = {
     "darwin": [
         "claim.c",
         "owner.c",
+        "holds.c",
         "lock_posix.c",
         "wait_posix.c",
         "proc_macos.c",
@@ -31,6 +33,7 @@ SOURCES = {
     "win32": [
         "claim.c",
         "owner.c",
+        "holds.c",
         "win_errors.c",
         "win_paths.c",
         "win_lock.c",

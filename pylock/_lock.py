@@ -46,6 +46,7 @@ _all_locks: WeakSet[Lock] = WeakSet()
 
 
 _acquire = lib.pl_acquire
+_release = lib.pl_release
 _unlock = lib.pl_unlock
 
 
@@ -59,8 +60,13 @@ class _ThreadOwner(_local):
 
 _this_thread = _ThreadOwner()
 
-# pylock.metrics while enabled (None: off, and each hook costs one check).
+# pylock.metrics while enabled (None: off): told of conflicts, waits and
+# newly opened lock files.  Holds are timed by the C core, through the
+# pl_hold_stats that _open points the lock file at.
 _observer: Any = None
+# pylock.metrics' debug log of every acquisition and release, when asked
+# for (None: off, and each costs one check).
+_event_log: Any = None
 
 # Why a file could not be opened for writing though it may still be locked
 # read-only: another user's file, a read-only filesystem, a running program.
@@ -202,6 +208,7 @@ class Lock:
         self._key = (lf.st.dev, lf.st.ino)
         lf.record_size = 0  # a new descriptor, maybe a new file: look at it afresh
         lf.handle = handle
+        lf.holds = ffi.NULL if _observer is None else _observer.holds_of(self.path)
         self._handle = handle
         _open_locks.add(self)
         return handle
@@ -306,8 +313,8 @@ class Lock:
                         if self._object_waiters:
                             self._wake_object_waiter()
             raise
-        if _observer is not None:
-            _observer.acquired(self)
+        if _event_log is not None:
+            _event_log.acquired(self)
         return True
 
     def _acquire_slow(
@@ -335,7 +342,8 @@ class Lock:
         if rc == errno.EBADF:
             self._open()
             rc = _acquire(self._lf, token)
-        if _observer is not None and rc == errno.EWOULDBLOCK:
+        contended = rc == errno.EWOULDBLOCK
+        if _observer is not None and contended:
             _observer.conflicted(self)
         while rc > 0:  # < 0: held, but the record could not be written
             if rc == errno.EWOULDBLOCK:
@@ -346,6 +354,8 @@ class Lock:
                 rc = lib.pl_claim(self._lf)
             else:
                 rc = self._retry_after(rc, token)
+        if _observer is not None and contended:
+            _observer.waited(self)
         if rc:
             self._warn_no_record(-rc)
 
@@ -447,8 +457,8 @@ class Lock:
         attempt = self._attempt
         if self._owner is None or attempt is None:
             raise NotHeld(f"{self.path}: release() of a lock this Lock object does not hold")
-        if _observer is not None:
-            _observer.released(self)
+        if _event_log is not None:
+            _event_log.released(self)
         if unlink:
             self._unlink_while_holding()
         token = id(attempt)
@@ -457,7 +467,7 @@ class Lock:
         ring = 1
         try:
             if unlink:
-                _unlock(self._handle)
+                _release(self._lf)  # files the hold (metrics), unlocks
                 self._close_handle()
         finally:
             try:

@@ -44,7 +44,8 @@ async def acquire_async(lock: Lock, timeout: float | None) -> bool:
         if rc == errno.EBADF:  # owned, not yet open
             lock._open()
             rc = _lock._acquire(lf, token)
-        if _lock._observer is not None and rc == errno.EWOULDBLOCK:
+        contended = rc == errno.EWOULDBLOCK
+        if _lock._observer is not None and contended:
             _lock._observer.conflicted(lock)
         while rc > 0:  # < 0: held, but the record could not be written
             if rc == errno.EWOULDBLOCK:
@@ -55,6 +56,8 @@ async def acquire_async(lock: Lock, timeout: float | None) -> bool:
                 rc = lib.pl_claim(lf)
             else:
                 rc = lock._retry_after(rc, token)
+        if _lock._observer is not None and contended:
+            _lock._observer.waited(lock)
         if rc:
             lock._warn_no_record(-rc)
         lock._attempt = attempt
@@ -81,8 +84,8 @@ async def acquire_async(lock: Lock, timeout: float | None) -> bool:
                             if lock._object_waiters:
                                 wake_object_waiter(lock)
         raise
-    if _lock._observer is not None:
-        _lock._observer.acquired(lock)
+    if _lock._event_log is not None:
+        _lock._event_log.acquired(lock)
     return True
 
 

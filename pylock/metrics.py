@@ -1,14 +1,18 @@
 """Lock metrics: acquisitions, conflicts, time waited and time held, per lock and process-wide.
 
-Off by default, and then free: each of Lock's hooks is one check of a
-module global.  enable() installs this module as the observer; the hooks
-then add a clock read and a few counters (benchmarked in bench/daemon.py).
-Counters are kept per lock path (two Lock objects on one file are one lock),
-for this process only.  With prometheus_client installed (the `metrics`
-extra), register() exposes them as pylock_lock_wait_seconds and
-pylock_lock_hold_seconds histograms and pylock_lock_conflicts_total,
-labelled by lock name (its path); the collector reads the counters at
-scrape time, so nothing is pushed on the lock's paths.
+Off by default, and then free: one check of a module global per acquire
+and release.  enable() installs this module as the observer and points
+every lock file at its path's pl_hold_stats: the C core then times each
+hold itself (a clock reading when it takes the lock, another and two atomic
+adds when it releases it), so an uncontended acquire + release runs no
+Python for metrics (benchmarked in bench/daemon.py).  Conflicts and waits,
+on the contended path, are counted here.  Counters are kept per lock path
+(two Lock objects on one file are one lock), for this process only.  With
+prometheus_client installed (the `metrics` extra), register() exposes them
+as pylock_lock_wait_seconds and pylock_lock_hold_seconds histograms and
+pylock_lock_conflicts_total, labelled by lock name (its path); the
+collector reads the counters at scrape time, so nothing is pushed on the
+lock's paths.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _lock
+from ._native import ffi
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -29,30 +34,32 @@ if TYPE_CHECKING:
 log = logging.getLogger("pylock")
 
 # Histogram buckets: durations of at most 2**k - 1 ns, from about 1 us to
-# 275 s.  The hooks file a duration of d ns under slot d.bit_length(), the b
-# with 2**(b-1) <= d < 2**b: one integer operation instead of a search, and
-# exact for these bounds.
+# 275 s.  A duration of d ns is filed under slot d.bit_length(), the b with
+# 2**(b-1) <= d < 2**b (the C core does the same for holds): one integer
+# operation instead of a search, and exact for these bounds.
 _POWERS = (10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38)
 BUCKETS = tuple((2**k - 1) / 1e9 for k in _POWERS)
 _SLOTS = 65  # a duration below 2**64 ns
 _now = time.monotonic_ns
-# _pl_since after a release: later than any clock reading, so a release
-# without an observed acquisition computes a negative hold and is ignored.
-_NEVER = 1 << 63
 
 
 class _Counters:
-    """The live counters of one lock path (mutated by the hooks)."""
+    """The live counters of one lock path: waits and conflicts counted here,
+    holds by the C core (into holds, which lives as long as the table)."""
 
-    __slots__ = ("conflicts", "hold_ns", "hold_slots", "wait_ns", "wait_slots")
+    __slots__ = ("conflicts", "holds", "wait_ns", "wait_slots")
 
     def __init__(self) -> None:
+        self.holds = ffi.new("pl_hold_stats *")
+        self.clear()
+
+    def clear(self) -> None:
         self.conflicts = 0
         self.wait_ns = 0
-        self.hold_ns = 0
         # Waits are recorded for the contended attempts only (taken or given up).
         self.wait_slots = [0] * _SLOTS
-        self.hold_slots = [0] * _SLOTS
+        self.holds.held_ns = 0
+        self.holds.slots = [0] * _SLOTS
 
 
 def _buckets(slots: list[int]) -> tuple[int, ...]:
@@ -92,102 +99,72 @@ def _counters(path: str) -> _Counters:
     return found
 
 
-def _attach(lock: Lock) -> _Counters:
-    """Give a Lock object its counters, the first time a hook sees it."""
-    counters = _counters(lock.path)
-    lock._pl_stats = counters  # type: ignore[attr-defined]
-    lock._pl_waiting = 0  # type: ignore[attr-defined]
-    if not hasattr(lock, "_pl_since"):
-        lock._pl_since = _NEVER  # type: ignore[attr-defined]
-    return counters
+# -- the hooks Lock calls while enabled (on the contended path only) ------------
 
 
-# -- the hooks Lock calls while enabled -----------------------------------------
-
-
-def acquired(lock: Lock) -> None:
-    lock._pl_since = now = _now()  # type: ignore[attr-defined]
-    try:
-        if lock._pl_waiting:  # type: ignore[attr-defined]
-            _end_wait(lock, now)
-    except AttributeError:
-        _attach(lock)
+def holds_of(path: str) -> Any:
+    """The pl_hold_stats a newly opened lock file on path times its holds into."""
+    return _counters(path).holds
 
 
 def conflicted(lock: Lock) -> None:
-    try:
-        counters: _Counters = lock._pl_stats  # type: ignore[attr-defined]
-    except AttributeError:
-        counters = _attach(lock)
     lock._pl_waiting = _now()  # type: ignore[attr-defined]
-    counters.conflicts += 1  # after the stamp: whoever sees the count, sees a wait begun
+    # After the stamp: whoever sees the count, sees a wait begun.
+    _counters(lock.path).conflicts += 1
 
 
-def gave_up(lock: Lock) -> None:
-    if getattr(lock, "_pl_waiting", 0):
-        _end_wait(lock, _now())
-
-
-def _end_wait(lock: Lock, now: int) -> None:
-    waited = now - lock._pl_waiting  # type: ignore[attr-defined]
-    lock._pl_waiting = 0  # type: ignore[attr-defined]
-    counters: _Counters = lock._pl_stats  # type: ignore[attr-defined]
-    counters.wait_ns += waited
-    counters.wait_slots[waited.bit_length()] += 1
-
-
-def released(lock: Lock) -> None:
-    try:
-        held: int = _now() - lock._pl_since  # type: ignore[attr-defined]
-    except AttributeError:
-        return  # taken before metrics were enabled
-    if held < 0:
-        return  # idem, for an object seen before
-    lock._pl_since = _NEVER  # type: ignore[attr-defined]
-    counters: _Counters = lock._pl_stats  # type: ignore[attr-defined]
-    counters.hold_ns += held
-    counters.hold_slots[held.bit_length()] += 1
+def waited(lock: Lock) -> None:
+    """A contended attempt took the lock (or gave up, from gave_up)."""
+    begun = getattr(lock, "_pl_waiting", 0)
+    if begun:
+        lock._pl_waiting = 0  # type: ignore[attr-defined]
+        wait_ns = _now() - begun
+        counters = _counters(lock.path)
+        counters.wait_ns += wait_ns
+        counters.wait_slots[wait_ns.bit_length()] += 1
 
 
 class _Observer:
-    """What Lock's hooks call (one attribute lookup each).  Acquisitions are
-    not counted as they happen: they are the completed holds (the hold
+    """What Lock calls (one attribute lookup each).  Acquisitions are not
+    counted as they happen: they are the completed holds (the hold
     histogram's count) plus the holds in progress, counted when asked."""
 
-    acquired = staticmethod(acquired)
+    holds_of = staticmethod(holds_of)
     conflicted = staticmethod(conflicted)
-    gave_up = staticmethod(gave_up)
-    released = staticmethod(released)
+    waited = staticmethod(waited)
+    gave_up = staticmethod(waited)
 
 
-class _LoggingObserver:
-    """The same, with a debug record on the "pylock" logger for each event."""
-
-    @staticmethod
-    def acquired(lock: Lock) -> None:
-        acquired(lock)
-        log.debug("pylock: acquired %s", lock.path)
+class _LoggingObserver(_Observer):
+    """The same, with a debug record on the "pylock" logger for each conflict."""
 
     @staticmethod
     def conflicted(lock: Lock) -> None:
         conflicted(lock)
         log.debug("pylock: %s is held by another owner", lock.path)
 
-    gave_up = staticmethod(gave_up)
+
+class _EventLog:
+    """A debug record on the "pylock" logger for each acquisition and release."""
+
+    @staticmethod
+    def acquired(lock: Lock) -> None:
+        lock._pl_logged_at = _now()  # type: ignore[attr-defined]
+        log.debug("pylock: acquired %s", lock.path)
 
     @staticmethod
     def released(lock: Lock) -> None:
-        since = getattr(lock, "_pl_since", _NEVER)
-        released(lock)
-        if since != _NEVER:
+        since = getattr(lock, "_pl_logged_at", None)
+        lock._pl_logged_at = None  # type: ignore[attr-defined]
+        if since is not None:
             log.debug("pylock: released %s after %.6f s", lock.path, (_now() - since) / 1e9)
 
 
-def _holds_in_progress(path: str) -> int:
+def _timed_holds_in_progress(path: str) -> int:
     return sum(
         1
         for lock in list(_lock._open_locks)
-        if lock.path == path and getattr(lock, "_pl_since", _NEVER) != _NEVER and lock.locked
+        if lock.path == path and lock._lf.held_since != 0 and lock.locked
     )
 
 
@@ -197,16 +174,21 @@ def _holds_in_progress(path: str) -> int:
 def enable(*, log_acquisitions: bool = False) -> None:
     """Start counting, in this process.  log_acquisitions: a debug record on the
     "pylock" logger for each acquisition, conflict and release."""
-    # A hold that began while counting was off is not measured.
-    for lock in list(_lock._open_locks):
-        if hasattr(lock, "_pl_since"):
-            lock._pl_since = _NEVER
+    # Set before the lock files are pointed at their stats: a lock file
+    # opened meanwhile is pointed by _open.
     _lock._observer = _LoggingObserver if log_acquisitions else _Observer
+    _lock._event_log = _EventLog if log_acquisitions else None
+    for lock in list(_lock._open_locks):
+        # A hold that began while counting was off is not measured.
+        lock._lf.held_since = 0
+        lock._lf.holds = holds_of(lock.path)
 
 
 def disable() -> None:
     """Stop counting; the counters so far are kept (reset() clears them)."""
-    _lock._observer = None
+    _lock._observer = _lock._event_log = None
+    for lock in list(_lock._open_locks):
+        lock._lf.holds = ffi.NULL
 
 
 def enabled() -> bool:
@@ -217,17 +199,18 @@ def reset() -> None:
     """Forget every counter (locks held now count their hold from their next acquisition)."""
     with _table_lock:
         for counters in _table.values():
-            counters.__init__()  # type: ignore[misc]
+            counters.clear()
 
 
 def _snapshot(name: str, c: _Counters) -> LockStats:
-    hold_buckets = _buckets(c.hold_slots)
+    hold_slots = list(c.holds.slots)
+    hold_buckets = _buckets(hold_slots)
     return LockStats(
         name=name,
-        acquisitions=sum(c.hold_slots) + _holds_in_progress(name),
+        acquisitions=sum(hold_slots) + _timed_holds_in_progress(name),
         conflicts=c.conflicts,
         waited=c.wait_ns / 1e9,
-        held=c.hold_ns / 1e9,
+        held=c.holds.held_ns / 1e9,
         releases=sum(hold_buckets),
         wait_buckets=_buckets(c.wait_slots),
         hold_buckets=hold_buckets,

@@ -221,3 +221,36 @@ def test_a_hold_begun_while_off_is_not_measured_for_a_known_lock(tmp_path):
     finally:
         metrics.disable()
         metrics.reset()
+
+
+def test_each_hold_is_filed_in_the_bucket_of_its_length(tmp_path, observed):
+    # The C core times holds and files them by bit length: each hold, alone,
+    # must land in the one bucket whose bounds contain its measured length.
+    lock = pylock.Lock(tmp_path / "b.lock")
+    bounds = (float("-inf"), *metrics.BUCKETS, float("inf"))
+    for spin_ns in (0, 1_500, 3_000, 6_000, 12_000, 50_000, 100_000, 300_000, 700_000, 2_000_000):
+        metrics.reset()
+        with lock:
+            held_from = time.monotonic_ns()
+            while time.monotonic_ns() - held_from < spin_ns:
+                pass
+            held_at_least = (time.monotonic_ns() - held_from) / 1e9
+        stats = lock.stats
+        assert stats.releases == 1 and stats.held >= held_at_least
+        expected = [int(low < stats.held <= high) for low, high in zip(bounds, bounds[1:])]
+        assert list(stats.hold_buckets) == expected, (spin_ns, stats.held)
+
+
+def test_nothing_is_counted_while_disabled(tmp_path, observed):
+    lock = pylock.Lock(tmp_path / "d.lock")
+    lock.acquire()
+    lock.release()
+    metrics.disable()
+    lock.acquire()
+    lock.release()
+    opened_while_off = pylock.Lock(tmp_path / "d.lock")
+    opened_while_off.acquire()
+    opened_while_off.release()
+    metrics.enable()
+    stats = lock.stats
+    assert stats.acquisitions == 1 and stats.releases == 1

@@ -352,6 +352,49 @@ static void test_claim(void)
     pl_close(e);
 }
 
+/* With holds set, pl_claim stamps the hold and pl_release files its length
+ * under its bit length; without, nothing is timed.  Either way it unlocks. */
+static void test_timed_holds(void)
+{
+    char *p = path_in("holds.lock");
+    pl_handle a = open_lock(p), b = open_lock(p);
+    pl_hold_stats holds;
+    pl_lockfile lf;
+    memset(&holds, 0, sizeof holds);
+    memset(&lf, 0, sizeof lf);
+    lf.handle = a;
+    lf.path = p;
+    CHECK(pl_file_stat(a, &lf.st) == 0);
+
+    CHECK(pl_acquire(&lf) == 0 && lf.held_since == 0);
+    CHECK(pl_release(&lf) == 0 && pl_try_lock(b, 0) == 0 && pl_unlock(b) == 0);
+
+    lf.holds = &holds;
+    CHECK(pl_acquire(&lf) == 0 && lf.held_since != 0);
+    double taken = now_s();
+    while (now_s() - taken < 0.002) /* held at least 2 ms */
+        ;
+    CHECK(pl_release(&lf) == 0 && lf.held_since == 0);
+    CHECK(pl_try_lock(b, 0) == 0 && pl_unlock(b) == 0);
+    uint64_t filed = 0;
+    int slot = 0;
+    for (int i = 0; i < 65; i++) {
+        filed += holds.slots[i];
+        if (holds.slots[i])
+            slot = i;
+    }
+    CHECK(filed == 1 && holds.held_ns >= 2000000u);
+    CHECK(holds.held_ns >> (slot - 1) == 1); /* 2**(slot-1) <= held < 2**slot */
+
+    /* A release of a hold not timed (taken while holds was NULL) files nothing. */
+    lf.holds = NULL;
+    CHECK(pl_acquire(&lf) == 0);
+    lf.holds = &holds;
+    CHECK(pl_release(&lf) == 0 && holds.slots[slot] == 1);
+    pl_close(a);
+    pl_close(b);
+}
+
 /* ---- the wake signal in a program that changes signals ----------------- */
 
 static volatile sig_atomic_t program_handler_calls;
@@ -530,6 +573,7 @@ int main(void)
     test_holder_death();
     test_owner();
     test_claim();
+    test_timed_holds();
     test_wake_signal_rechecked();
     test_foreign_file_is_never_written();
     char cmd[600];

@@ -37,7 +37,8 @@ def _cdef_of(header: str) -> str:
 def _constants() -> str:
     # Every PL_ constant pylock.h defines; values come from the header at
     # compile time (API mode).
-    names = re.findall(r"^#define (PL_[A-Z_]+) ", open(os.path.join(HERE, "pylock.h")).read(), re.M)
+    with open(os.path.join(HERE, "pylock.h")) as header:
+        names = re.findall(r"^#define (PL_[A-Z_]+) ", header.read(), re.M)
     return "".join(f"#define {name} ...\n" for name in names)
 
 

@@ -206,7 +206,7 @@ def test_a_release_between_the_busy_check_and_the_queueing_hands_over(lock_path:
     in_the_window: list[tuple[bool, int]] = []
 
     def release_in_the_window() -> None:
-        in_the_window.append((lock._guard.locked(), len(lock._object_waiters)))
+        in_the_window.append((lock._lf.owner != 0, len(lock._object_waiters)))
         release_now.set()
         assert released.wait(10)
 

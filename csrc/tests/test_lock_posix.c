@@ -366,11 +366,11 @@ static void test_timed_holds(void)
     lf.path = p;
     CHECK(pl_file_stat(a, &lf.st) == 0);
 
-    CHECK(pl_acquire(&lf) == 0 && lf.held_since == 0);
+    CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.held_since == 0);
     CHECK(pl_release(&lf) == 0 && pl_try_lock(b, 0) == 0 && pl_unlock(b) == 0);
 
     lf.holds = &holds;
-    CHECK(pl_acquire(&lf) == 0 && lf.held_since != 0);
+    CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.held_since != 0);
     double taken = now_s();
     while (now_s() - taken < 0.002) /* held at least 2 ms */
         ;
@@ -388,7 +388,7 @@ static void test_timed_holds(void)
 
     /* A release of a hold not timed (taken while holds was NULL) files nothing. */
     lf.holds = NULL;
-    CHECK(pl_acquire(&lf) == 0);
+    CHECK(pl_acquire(&lf, TOKEN) == 0);
     lf.holds = &holds;
     CHECK(pl_release(&lf) == 0 && holds.slots[slot] == 1);
     pl_close(a);

@@ -28,6 +28,9 @@
  * test relies on them for ordering. */
 #define HANG_MS 30000
 
+/* An attempt's token (pl_own): any nonzero even number. */
+#define ATTEMPT ((uintptr_t)16)
+
 static int passed, failed, skipped;
 /* Whether LockFileEx can queue a waiting request (Windows) or not (Wine 8,
  * whose NtLockFile says "Async I/O lock wait not implemented"). */
@@ -747,11 +750,11 @@ static void test_acquire_and_claim(void)
     a.head_crc = crc32_of(head, sizeof head - 1);
     b = a;
     b.handle = h2;
-    CHECK_EQ(pl_acquire(&a), 0);
+    CHECK_EQ(pl_acquire(&a, ATTEMPT), 0);
     CHECK_EQ(a.record_error, 0);
     CHECK_EQ(pl_file_stat(h1, &st), 0);
     CHECK(a.st.dev == st.dev && a.st.ino == st.ino && a.st.nlink == 1);
-    CHECK_EQ(pl_acquire(&b), PY_EWOULDBLOCK);
+    CHECK_EQ(pl_acquire(&b, ATTEMPT), PY_EWOULDBLOCK);
     CHECK_EQ(pl_read_record(h2, buf, sizeof buf - 1, &len), 0);
     buf[len] = 0;
     CHECK(sscanf(buf, "pylock-record v1 %zu %8x\n%n", &plen, &crc, &hdr) == 2 && hdr > 0);
@@ -764,8 +767,8 @@ static void test_acquire_and_claim(void)
     a.shared = b.shared = 1;
     a.head_len = b.head_len = 0;
     CHECK_EQ(pl_write_record(h1, "untouched", 9), 0);
-    CHECK_EQ(pl_acquire(&a), 0);
-    CHECK_EQ(pl_acquire(&b), 0);
+    CHECK_EQ(pl_acquire(&a, ATTEMPT), 0);
+    CHECK_EQ(pl_acquire(&b, ATTEMPT), 0);
     CHECK_EQ(pl_read_record(h2, buf, 9, &len), 0);
     CHECK(len == 9 && memcmp(buf, "untouched", 9) == 0);
     CHECK_EQ(pl_unlock(h1), 0);
@@ -775,13 +778,13 @@ static void test_acquire_and_claim(void)
     section("pl_claim: the lock of a deleted file is given back (PL_E_UNLINKED)");
     h3 = open_ok(path, PL_OPEN_CREATE);
     b.handle = h3;
-    CHECK_EQ(pl_acquire(&a), 0);
+    CHECK_EQ(pl_acquire(&a, ATTEMPT), 0);
     CHECK(DeleteFileW(wpath));
     if (!reports_pending_delete(h1)) {
         skip("this platform does not report pending deletes (Wine), so nlink stays 1");
         CHECK_EQ(pl_unlock(h1), 0);
     } else {
-        CHECK_EQ(pl_acquire(&b), PY_EWOULDBLOCK);
+        CHECK_EQ(pl_acquire(&b, ATTEMPT), PY_EWOULDBLOCK);
         if (g_kernel_lock_wait) {
             /* h3 was opened before the delete and waits; the holder
              * releases; the waiter must find the file unlinked. */
@@ -796,7 +799,7 @@ static void test_acquire_and_claim(void)
             CloseHandle(job.entering);
         } else {
             CHECK_EQ(pl_unlock(h1), 0);
-            CHECK_EQ(pl_acquire(&b), PL_E_UNLINKED);
+            CHECK_EQ(pl_acquire(&b, ATTEMPT), PL_E_UNLINKED);
         }
         CHECK_EQ(pl_try_lock(h1, 0), 0); /* the refused claim holds nothing */
         CHECK_EQ(pl_unlock(h1), 0);

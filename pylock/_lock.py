@@ -47,7 +47,6 @@ _all_locks: WeakSet[Lock] = WeakSet()
 
 _acquire = lib.pl_acquire
 _release = lib.pl_release
-_unlock = lib.pl_unlock
 
 
 class _ThreadOwner(_local):

@@ -52,7 +52,7 @@ async def acquire_async(lock: Lock, timeout: float | None) -> bool:
                 if passed(deadline):
                     lock._raise_held(True, timeout)
                 lock._refuse_self_deadlock(owner)
-                await _wait_async(lock, token, deadline, timeout, waits)
+                await _wait_async(lock, attempt, deadline, timeout, waits)
                 rc = lib.pl_claim(lf)
             else:
                 rc = lock._retry_after(rc, token)
@@ -141,16 +141,22 @@ def wake_object_waiter(lock: Lock) -> None:
 
 
 async def _wait_async(
-    lock: Lock, token: int, deadline: float | None, timeout: float | None, waits: list[LoopWait]
+    lock: Lock,
+    attempt: object,
+    deadline: float | None,
+    timeout: float | None,
+    waits: list[LoopWait],
 ) -> None:
     """Wait in a pylock thread.  If the task gives up while the wait is
     still running, the wait's thread gives back any grant and the object
-    when it ends (_orphaned); acquire_async's except clause decides."""
+    when it ends (_orphaned); acquire_async's except clause decides.  The
+    thread keeps the attempt alive until then: its id names the owner, and
+    a newer attempt at the same address would be taken for it."""
     wait = LoopWait(
         asyncio.get_running_loop(),
         lock._c_wait(),
         deadline,
-        lambda rc: _orphaned(lock, token, rc),
+        lambda rc: _orphaned(lock, attempt, rc),
         f"pylock wait {lock.path}",
         waits,
     )
@@ -176,10 +182,10 @@ async def _wait_async(
         fail(rc, lock.path)
 
 
-def _orphaned(lock: Lock, token: int, rc: int) -> None:
+def _orphaned(lock: Lock, attempt: object, rc: int) -> None:
     """A wait whose task gave up has ended (in its thread): give back the
     grant (rc 0) and the object, which the task left to this thread."""
-    if _lock._disown(lock._lf, token, 1) > 0:
+    if _lock._disown(lock._lf, id(attempt), 1) > 0:
         _lock._ring(lock)
 
 

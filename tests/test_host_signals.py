@@ -237,3 +237,105 @@ def test_with_every_signal_taken_timed_waits_fail_at_once_and_cancels_never_bloc
     assert code == 95 and "real-time signal" in message, out["error"]  # ENOTSUP
     assert out["order"] == ["cancelled", "released"], "the cancel waited for the holder"
     assert out["not_locked"] and out["free"]
+
+
+def test_an_abandoned_waits_late_grant_is_never_taken_for_a_newer_attempts(tmp_path) -> None:
+    """With every signal taken, a cancelled acquire_async cannot interrupt its
+    kernel wait: the task leaves, its thread keeps waiting and gives back the
+    grant when it comes.  The attempts that follow on the same object (whose
+    tokens may reuse the departed attempt's memory) must neither be taken for
+    that owner nor strip it of the object: once the holder lets go, the lock
+    must go to the newer attempt, with the kernel lock and not without."""
+    out = run_host(
+        tmp_path,
+        """
+        import gc
+        for sig in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
+            signal.signal(sig, signal.SIG_IGN)
+
+        def asleep_in_flock():
+            for t in threading.enumerate():
+                if t.name.startswith("pylock wait"):
+                    try:
+                        with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                            state = f.read().rsplit(")", 1)[1].split()[0]
+                        with open(f"/proc/self/task/{t.native_id}/wchan") as f:
+                            return state == "S" and "lock" in f.read()
+                    except FileNotFoundError:
+                        return False
+            return False
+
+        async def cancel_uninterruptible():
+            task = asyncio.ensure_future(waiter.acquire_async())
+            while not asleep_in_flock():   # in the kernel: a cancel cannot end it
+                await asyncio.sleep(0.001)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                return True
+            return False
+
+        # The newer attempt runs in a thread of the program's, made before the
+        # wait is abandoned: a thread's first acquisition also allocates its
+        # owner token, which would take the freed block instead.
+        got, warmed, go = [], threading.Event(), threading.Event()
+        def newer_attempt():
+            warm = pylock.Lock(path + ".warm")
+            warm.acquire()
+            warm.release()
+            warmed.set()
+            go.wait()
+            got.append(waiter.acquire())
+        newer = threading.Thread(target=newer_attempt)
+        newer.start()
+        warmed.wait()
+        cancelled = asyncio.run(cancel_uninterruptible())
+        gc.collect()   # the task, its error and its frame are gone
+        # Deterministic memory reuse: the next object() takes the most recently
+        # freed block of its size, so if the departed attempt's token (read
+        # from the C core's owner word) names a freed block, free exactly that
+        # one last and the newer attempt's token equals it.
+        owner_token = waiter._lf.owner & ~1
+        ballast, reused = [], False
+        for _ in range(200000):
+            o = object()
+            if id(o) == owner_token:
+                reused = True
+                del o
+                break
+            ballast.append(o)
+        # It must wait for the object; its kernel wait must not be confused
+        # with the abandoned one (same descriptor), whose late grant is
+        # given back.  The holder lets go once it sleeps (on the object, or
+        # in the kernel): in any order the newer attempt must end up holding
+        # both the object and the kernel lock.
+        go.set()
+        while True:
+            with open(f"/proc/self/task/{newer.native_id}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "S":
+                    break
+        holder.release()
+        newer.join()
+        for t in [t for t in threading.enumerate() if t.name.startswith("pylock wait")]:
+            t.join()
+        probe = pylock.Lock(path)
+        try:
+            probe.acquire(blocking=False)
+            excluded = False
+            probe.release()
+        except pylock.LockHeld:
+            excluded = True
+        waiter.release()
+        try:
+            free = probe.acquire(blocking=False)
+        except pylock.LockHeld:
+            free = False   # held by a descriptor nobody owns
+        report(cancelled=cancelled, reused=reused, got=got, excluded=excluded, free=free)
+        """,
+    )
+    assert out["cancelled"]
+    assert not out["reused"], "the token naming the owner was freed while it still owned"
+    assert out["got"] == [True]
+    assert out["excluded"], "the newer attempt held the Lock object but not the kernel lock"
+    assert out["free"], "released, the lock stayed held by a descriptor nobody owns"

@@ -64,11 +64,27 @@ def no_wake_signal(what: str) -> LockError:
     return err
 
 
+def once(action: Callable[[], object]) -> Callable[[], None]:
+    """action, run by the first caller only: a LoopWait's on_orphan and the
+    loop's own clean-up may both come to free what the wait used (a loop
+    that closed leaves the result to on_orphan though it never gave up)."""
+    claimed: dict[str, object] = {}
+
+    def run() -> None:
+        me = object()
+        if claimed.setdefault("by", me) is me:  # one C call decides
+            action()
+
+    return run
+
+
 # -- one C wait in a pylock thread, handed over to an event loop ---------
 
 
 class LoopWait:
-    """A blocking C wait run by a pylock thread for a coroutine.
+    """A blocking C wait run by a pylock thread for an event loop: lock waits,
+    and exit watches where the kernel offers no descriptor a loop could
+    watch (a lock held by an unidentified holder, a process on Windows).
 
     The result reaches the loop with call_soon_threadsafe (await it through
     asyncio.shield, so that a cancelled task can still learn how the wait
@@ -76,7 +92,9 @@ class LoopWait:
     which the wake signal makes prompt; when that is impossible (the program
     took the signal, the loop is closing) abandon() returns at once, never
     blocking the loop, and the thread passes the result to on_orphan, which
-    must give back whatever it granted.
+    must give back whatever it granted and free whatever the wait used (a
+    descriptor closed while the thread still waits on its number would have
+    the wait's late unlock land on the program's next file).
 
     Who settles the result is decided once, in decided["by"], by one C call
     (dict.setdefault): "thread" delivers it to the task, "task" (it gave up
@@ -95,7 +113,7 @@ class LoopWait:
         deadline: float | None,
         on_orphan: Callable[[int], None],
         name: str,
-        registry: list[LoopWait],
+        registry: list[LoopWait] | None = None,
     ) -> None:
         import threading
 
@@ -128,7 +146,8 @@ class LoopWait:
         except RuntimeError:  # no thread: nothing uses the waiter
             lib.pl_waiter_free(waiter)
             raise
-        registry.append(self)
+        if registry is not None:
+            registry.append(self)
         self._gate.release()
 
     def _finished(self, rc: int) -> None:
@@ -153,10 +172,11 @@ class LoopWait:
         with self._mu:
             return self._waiter is not None and lib.pl_waiter_cancel(self._waiter) == 0
 
-    def abandon(self) -> None:
+    def abandon(self) -> bool:
         """The task gives up.  Unless the thread has settled first (then the
-        task cleans up), on_orphan will.  Never blocks."""
-        self.decided.setdefault("by", "task")
+        task cleans up), on_orphan will: True when it will, False when the
+        wait is over and its result goes to the future.  Never blocks."""
+        orphaned = self.decided.setdefault("by", "task") == "task"
         try:  # noqa: SIM105 (contextlib is not loaded at `import pylock`)
             self._gate.release()  # registered or not, it must not wait now
         except RuntimeError:
@@ -166,6 +186,7 @@ class LoopWait:
                 # Interrupts the wait, or (the program took pylock's
                 # signal) lets it end with the grant, given back.
                 lib.pl_waiter_cancel(self._waiter)
+        return orphaned
 
 
 def _deliver(future: asyncio.Future[int], rc: int) -> None:

@@ -18,14 +18,15 @@ import errno
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ._exit_plan import Plan
 from ._exit_schedule import schedule
 from ._native import ffi, lib
 from ._process import ProcessIdentity
-from ._timeout import ns_left, seconds_left
-from ._watch import ThreadWait, open_lock, still_there
+from ._timeout import seconds_left
+from ._wait import LoopWait, once, wait_blocking
+from ._watch import open_lock, still_there
 from ._watch_poll import PollWatch, expected_identity
 
 BURST_FIRST = 0.001
@@ -37,8 +38,8 @@ STEP = 1.0
 class LockWatch(PollWatch):
     def __init__(self, loop: asyncio.AbstractEventLoop, plan: Plan, target: Any) -> None:
         super().__init__(loop, plan, target)
-        self._handle: int | None = None
-        self._thread_wait: ThreadWait | None = None
+        self._close_handle: Callable[[], None] | None = None
+        self._thread_wait: LoopWait | None = None
         self._burst: asyncio.TimerHandle | None = None
 
     def _start(self) -> bool:
@@ -52,16 +53,25 @@ class LockWatch(PollWatch):
             if not self.pid:
                 self.finish(None)  # the lock file is gone: nobody holds it
             return True
-        self._handle = handle
+        self._close_handle = close_handle = once(lambda: lib.pl_close(handle))
 
-        def wait(waiter: Any) -> int:
-            rc = int(lib.pl_lock_wait(handle, 1, -1, waiter))
+        def wait(waiter: Any, timeout_ns: int) -> int:
+            rc = int(lib.pl_lock_wait(handle, 1, timeout_ns, waiter))
             if rc == 0:
                 lib.pl_unlock(handle)  # only the release mattered, never keep it
             return rc
 
-        self._thread_wait = ThreadWait(
-            self.loop, wait, self._on_lock_free, f"pylock wait {self.plan.lock_path}"
+        self._thread_wait = wait_in_thread = LoopWait(
+            self.loop,
+            wait,
+            None,
+            lambda rc: close_handle(),  # abandoned: the thread was the last user
+            f"pylock wait {self.plan.lock_path}",
+        )
+        wait_in_thread.future.add_done_callback(
+            lambda done: (
+                self._on_lock_free(done.result()) if self._thread_wait is wait_in_thread else None
+            )
         )
         return True
 
@@ -90,12 +100,12 @@ class LockWatch(PollWatch):
         self._burst = self.loop.call_later(delay, check)
 
     def _end_lock_wait(self) -> None:
-        if self._thread_wait is not None:
-            wait, self._thread_wait = self._thread_wait, None
-            wait.cancel()
-        if self._handle is not None:
-            handle, self._handle = self._handle, None
-            lib.pl_close(handle)
+        wait, self._thread_wait = self._thread_wait, None
+        close_handle, self._close_handle = self._close_handle, None
+        if wait is not None and wait.abandon():
+            return  # the wait's thread still uses the handle, and closes it
+        if close_handle is not None:
+            close_handle()
 
     def close(self) -> None:
         self._end_lock_wait()
@@ -168,20 +178,17 @@ def _wait_free(path: str, deadline: float | None) -> bool:
     handle = open_lock(path)
     if handle is None:
         return True
-    waiter = lib.pl_waiter_new()
-    if waiter == ffi.NULL:
-        lib.pl_close(handle)
-        raise MemoryError
+
+    def wait(waiter: Any, timeout_ns: int) -> int:
+        return int(lib.pl_lock_wait(handle, 1, timeout_ns, waiter))
+
     try:
-        while True:
-            rc = lib.pl_lock_wait(handle, 1, ns_left(deadline), waiter)
-            if rc == 0:
-                lib.pl_unlock(handle)
-                return True
-            if rc == errno.ETIMEDOUT:
-                return False
-            if rc != errno.EINTR:
-                raise OSError(rc, f"waiting on {path}: {os.strerror(rc)}")
+        rc = wait_blocking(wait, deadline)
+        if rc == 0:
+            lib.pl_unlock(handle)
+            return True
+        if rc == errno.ETIMEDOUT:
+            return False
+        raise OSError(rc, f"waiting on {path}: {os.strerror(rc)}")
     finally:
         lib.pl_close(handle)
-        lib.pl_waiter_free(waiter)

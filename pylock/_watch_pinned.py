@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-from typing import Any
+from typing import Any, Callable
 
 from ._exit_plan import Plan
 from ._native import ffi, lib
 from ._process import Pinned, PinUnavailable, pin, pinning_available
 from ._timeout import ns_left
-from ._watch import ThreadWait, Watch
+from ._wait import LoopWait, once
+from ._watch import Watch
 
 
 def _pin(plan: Plan) -> tuple[bool, Pinned | None]:
@@ -30,7 +31,8 @@ class PinnedWatch(Watch):
         super().__init__(loop, plan, target)
         self._pinned: Pinned | None = None
         self._fd: int | None = None
-        self._thread_wait: ThreadWait | None = None
+        self._thread_wait: LoopWait | None = None
+        self._unpin: Callable[[], None] | None = None
 
     def _start(self) -> bool:
         applies, pinned = _pin(self.plan)
@@ -39,18 +41,25 @@ class PinnedWatch(Watch):
         if pinned is None:
             self.finish(None)  # gone, or the pid now names someone else
             return True
+        self._unpin = once(pinned.close)
         self._pinned = pinned
         if pinned.exited():
             self.finish(pinned.returncode())
             return True
         fd = pinned.event_fd()
         if fd is None:  # Windows: a thread waits on the handle
-            handle = pinned.handle
-            self._thread_wait = ThreadWait(
+            handle, unpin = pinned.handle, self._unpin
+            self._thread_wait = wait = LoopWait(
                 self.loop,
-                lambda w: int(lib.pl_proc_wait(handle, -1, w)),
-                self._on_thread_exit,
+                lambda w, timeout_ns: int(lib.pl_proc_wait(handle, timeout_ns, w)),
+                None,
+                lambda rc: unpin(),  # abandoned: the thread was the handle's last user
                 f"pylock wait pid {self.pid}",
+            )
+            wait.future.add_done_callback(
+                lambda done: (
+                    self._on_thread_exit(done.result()) if self._thread_wait is wait else None
+                )
             )
             return True
         self.loop.add_reader(fd, self._on_readable)
@@ -72,20 +81,22 @@ class PinnedWatch(Watch):
         else:
             self.finish(pinned.returncode())
 
-    def _end_thread_wait(self) -> None:
-        if self._thread_wait is not None:
-            wait, self._thread_wait = self._thread_wait, None
-            wait.cancel()
+    def _end_thread_wait(self) -> bool:
+        """False while an abandoned wait's thread still uses the process
+        handle (it lets go of the handle itself)."""
+        wait, self._thread_wait = self._thread_wait, None
+        return wait is None or not wait.abandon()
 
     def close(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             if not self.loop.is_closed():
                 self.loop.remove_reader(fd)
-        self._end_thread_wait()
-        if self._pinned is not None:
-            pinned, self._pinned = self._pinned, None
-            pinned.close()
+        handle_free = self._end_thread_wait()
+        unpin, self._unpin = self._unpin, None
+        self._pinned = None
+        if handle_free and unpin is not None:
+            unpin()
 
     @staticmethod
     def wait(plan: Plan, deadline: float | None) -> bool | None:

@@ -339,3 +339,80 @@ def test_an_abandoned_waits_late_grant_is_never_taken_for_a_newer_attempts(tmp_p
     assert out["got"] == [True]
     assert out["excluded"], "the newer attempt held the Lock object but not the kernel lock"
     assert out["free"], "released, the lock stayed held by a descriptor nobody owns"
+
+
+def test_a_cancelled_lock_watch_never_unlocks_a_descriptor_the_program_reopened(tmp_path) -> None:
+    """holder_exit() of an unidentified holder waits on the lock itself, in a
+    pylock thread.  With every signal taken, a cancel cannot interrupt that
+    wait: the descriptor it waits on must stay pylock's until the wait ends,
+    or its late unlock lands on whatever file the program opened next under
+    the same number, and drops the program's own lock."""
+    out = run_host(
+        tmp_path,
+        """
+        import fcntl, socket
+        for sig in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
+            signal.signal(sig, signal.SIG_IGN)
+        holder.release()
+        # Held by an open file description in flight in a unix socket: no
+        # process can be named, so holder_exit waits on the lock.
+        sender, receiver = socket.socketpair(socket.AF_UNIX)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        socket.send_fds(sender, [b"x"], [fd])
+        os.close(fd)
+
+        def lock_fds():
+            return {int(n) for n in os.listdir("/proc/self/fd")
+                    if os.path.realpath(f"/proc/self/fd/{n}") == os.path.realpath(path)}
+
+        def watcher_asleep():
+            for t in threading.enumerate():
+                if t.name.startswith("pylock wait"):
+                    with open(f"/proc/self/task/{t.native_id}/wchan") as f:
+                        return "lock" in f.read()
+            return False
+
+        async def cancel_watch():
+            before = lock_fds()
+            task = asyncio.ensure_future(pylock.holder_exit(pylock.Lock(path)))
+            while not watcher_asleep():
+                await asyncio.sleep(0.001)
+            (watched,) = lock_fds() - before
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            return watched
+
+        watched = asyncio.run(cancel_watch())
+        # The program opens its own file and locks it; if pylock let go of
+        # the watched number, the kernel hands out that number now.
+        mine_path = path + ".programs"
+        spare, mine = [], None
+        for _ in range(1000):
+            n = os.open(mine_path, os.O_RDWR | os.O_CREAT, 0o600)
+            if n > watched:
+                os.close(n)
+                break
+            if n == watched:
+                mine = n
+                break
+            spare.append(n)
+        if mine is None:
+            mine = os.open(mine_path, os.O_RDWR)
+        fcntl.flock(mine, fcntl.LOCK_EX)
+        receiver.close(); sender.close()          # the holder goes: the wait ends
+        for t in [t for t in threading.enumerate() if t.name.startswith("pylock wait")]:
+            t.join()
+        other = os.open(mine_path, os.O_RDWR)
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            programs_lock_kept = False
+        except BlockingIOError:
+            programs_lock_kept = True
+        report(programs_lock_kept=programs_lock_kept, reused=mine == watched)
+        """,
+    )
+    assert out["programs_lock_kept"], "pylock's late unlock dropped the program's own lock"

@@ -167,10 +167,14 @@ class LoopWait:
         self._thread.join()
 
     def interrupt(self) -> bool:
-        """Ask the C core to end the wait soon, without blocking; False when
-        it cannot (the program took pylock's signal) or the wait is over."""
+        """Ask the C core to end the wait soon, without blocking: True when
+        the result is on its way to the future (also when the wait was over
+        already), False when the wait cannot be ended (the program took
+        pylock's signal)."""
         with self._mu:
-            return self._waiter is not None and lib.pl_waiter_cancel(self._waiter) == 0
+            if self._waiter is None:
+                return True  # over: the thread delivers (nobody has given up)
+            return lib.pl_waiter_cancel(self._waiter) == 0
 
     def abandon(self) -> bool:
         """The task gives up.  Unless the thread has settled first (then the

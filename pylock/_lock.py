@@ -135,6 +135,9 @@ class Lock:
             self._lf.path = self._path_c
         self._head: Any = None  # keeps the C copy of the record's head alive
         self._record_warned = False
+        # close() found another attempt using the object: an abandoned
+        # wait's thread closes the descriptor when it gives the object back.
+        self._close_pending = False
         # One attempt at a time uses this object: the C core keeps which
         # (pl_own), named by the id of an object the attempt keeps alive; the
         # holding attempt's object lives here.  Threads waiting for the object
@@ -241,10 +244,36 @@ class Lock:
             lib.pl_close(handle)
 
     def close(self) -> None:
-        """Release the lock if this object holds it, and close the lock file."""
+        """Release the lock if this object holds it, and close the lock file.
+
+        While another attempt is using this object (a thread of the
+        program's mid-acquire, or the kernel wait of an acquire_async whose
+        task gave up and that nothing could interrupt), its descriptor stays
+        open under it: an abandoned wait closes it when it ends.
+        """
         if self.locked:
             self.release()
-        self._close_handle()
+        self._close_if_unused()
+
+    def _close_if_unused(self) -> None:
+        closer = object()
+        token = id(closer)
+        lf = self._lf
+        if lib.pl_own(lf, token, 0) != 0:
+            # Closing the number under a wait would let its late unlock land
+            # on the program's next file of that number.
+            self._close_pending = True
+            return
+        ring = 1
+        try:
+            self._close_pending = False
+            self._close_handle()
+        finally:
+            try:
+                ring = _disown(lf, token, 0)
+            finally:
+                if ring:
+                    _ring(self)
 
     def __del__(self) -> None:
         # Closing the descriptor is what drops the kernel lock.
@@ -585,6 +614,7 @@ def _after_fork_in_child() -> None:
         lock._bell = _new_bell()
         lock._object_waiters = []
         lock._object_waiters_mu = allocate_lock()
+        lock._close_pending = False
     _open_locks.clear()
 
 

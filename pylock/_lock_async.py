@@ -187,6 +187,8 @@ def _orphaned(lock: Lock, attempt: object, rc: int) -> None:
     grant (rc 0) and the object, which the task left to this thread."""
     if _lock._disown(lock._lf, id(attempt), 1) > 0:
         _lock._ring(lock)
+    if lock._close_pending:  # close() was called while this wait ran
+        lock._close_if_unused()
 
 
 def _set_result(future: asyncio.Future[Any], value: Any = None) -> None:

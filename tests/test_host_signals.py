@@ -416,3 +416,79 @@ def test_a_cancelled_lock_watch_never_unlocks_a_descriptor_the_program_reopened(
         """,
     )
     assert out["programs_lock_kept"], "pylock's late unlock dropped the program's own lock"
+
+
+def test_closing_a_lock_whose_abandoned_wait_still_runs_never_unlocks_the_programs_file(
+    tmp_path,
+) -> None:
+    """With every signal taken, a cancelled acquire_async leaves its kernel wait
+    running on the Lock's descriptor.  Lock.close() then must not free that
+    number under the wait: the wait's late unlock would land on the file the
+    program opens next and drop the program's own lock.  The descriptor is
+    closed when the wait ends."""
+    out = run_host(
+        tmp_path,
+        """
+        import fcntl
+        for sig in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
+            signal.signal(sig, signal.SIG_IGN)
+
+        def lock_fds():
+            return {int(n) for n in os.listdir("/proc/self/fd")
+                    if os.path.realpath(f"/proc/self/fd/{n}") == os.path.realpath(path)}
+
+        def waiter_asleep():
+            for t in threading.enumerate():
+                if t.name.startswith("pylock wait"):
+                    with open(f"/proc/self/task/{t.native_id}/wchan") as f:
+                        return "lock" in f.read()
+            return False
+
+        async def cancel_wait():
+            before = lock_fds()
+            task = asyncio.ensure_future(waiter.acquire_async())
+            while not waiter_asleep():
+                await asyncio.sleep(0.001)
+            (used,) = lock_fds() - before
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            return used
+
+        used = asyncio.run(cancel_wait())
+        waiter.close()
+        mine_path = path + ".programs"
+        spare, mine = [], None
+        for _ in range(1000):
+            n = os.open(mine_path, os.O_RDWR | os.O_CREAT, 0o600)
+            if n > used:
+                os.close(n)
+                break
+            if n == used:
+                mine = n
+                break
+            spare.append(n)
+        if mine is None:
+            mine = os.open(mine_path, os.O_RDWR)
+        fcntl.flock(mine, fcntl.LOCK_EX)
+        holder.release()
+        for t in [t for t in threading.enumerate() if t.name.startswith("pylock wait")]:
+            t.join()
+        other = os.open(mine_path, os.O_RDWR)
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            programs_lock_kept = False
+        except BlockingIOError:
+            programs_lock_kept = True
+        still_open = lock_fds() - {holder._handle}
+        probe = pylock.Lock(path)
+        free = probe.acquire(blocking=False)
+        report(programs_lock_kept=programs_lock_kept, still_open=sorted(still_open), free=free,
+               reused=mine == used)
+        """,
+    )
+    assert out["programs_lock_kept"], "pylock's late unlock dropped the program's own lock"
+    assert out["still_open"] == [], "the closed Lock's descriptor outlived its wait"
+    assert out["free"]

@@ -10,7 +10,6 @@ waiter, and nobody polls.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import threading
@@ -18,9 +17,10 @@ import time
 import weakref
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Callable, Union
+from typing import Any, Callable
 from urllib.parse import quote
 
+from . import _lock
 from ._errors import LockHeld, LockTimeout, NotHeld, ReentrantAcquire
 from ._etcd_client import (
     REQUEST_TIMEOUT,
@@ -32,21 +32,19 @@ from ._etcd_client import (
 from ._etcd_holder import EtcdHolder, decode_holder, encode_record
 from ._etcd_loop import etcd_loop, run_async, run_blocking
 from ._etcd_session import RETRY_DELAY, Session
+from ._lock_async import ACQUIRE_ASYNC_CODES, task_owner, wait_for_object, wake_object_waiter
+from ._native import ffi, lib
 from ._record import check_info
-from ._timeout import check_timeout, deadline_of
+from ._timeout import check_timeout, deadline_of, seconds_left
 
 log = logging.getLogger("pylock")
 
-_Owner = Union[int, tuple[str, int]]
 _held_locks: weakref.WeakSet[EtcdLock] = weakref.WeakSet()
+# Every EtcdLock: a fork may come while another thread owns one.
+_all_locks: weakref.WeakSet[EtcdLock] = weakref.WeakSet()
 
 # How long naming the holder in a LockHeld/LockTimeout may take, at most.
 _NAMING_TIME = 1.0
-
-
-def _task_owner() -> _Owner:
-    task = asyncio.current_task()
-    return ("task", id(task)) if task is not None else threading.get_ident()
 
 
 class EtcdLock:
@@ -82,10 +80,20 @@ class EtcdLock:
         # Quoted, so that lock "a" never sees the keys of lock "a/b".
         self._prefix = b"pylock/lock/" + quote(name, safe="").encode() + b"/"
         self.path = f"etcd://{','.join(self.endpoints)}/{name}"
-        self._guard = threading.Lock()  # one owner per EtcdLock object
-        self._owner: _Owner | None = None
-        self._session: Session | None = None
+        # One attempt at a time uses this object, kept as Lock keeps it: the
+        # C core's owner word (this lf has no file), the bell for threads
+        # and a queue for coroutines waiting for the object.
+        self._lf = ffi.new("pl_lockfile *")
+        self._lf.handle = -1
+        self._attempt: object | None = None
+        self._bell = _lock._new_bell()
         self._object_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._object_waiters_mu = threading.Lock()
+        # The holding thread's token or task, compared by identity and kept
+        # alive while held, so that no later thread or task can pass for it.
+        self._owner: object | None = None
+        self._session: Session | None = None
+        _all_locks.add(self)
 
     def __repr__(self) -> str:
         state = "locked" if self.locked else "unlocked"
@@ -96,7 +104,16 @@ class EtcdLock:
     @property
     def locked(self) -> bool:
         """Whether this object holds the lock (check `lost` before trusting it)."""
-        return self._owner is not None
+        return self._holding() is not None
+
+    def _holding(self) -> object | None:
+        """The holding attempt, if the C core's owner word still names it: an
+        acquire whose except clause has given the object back (its first
+        call) holds nothing, whatever fields the interrupted rest left."""
+        attempt = self._attempt
+        if attempt is None or (self._lf.owner & ~1) != id(attempt):
+            return None
+        return attempt
 
     @property
     def lost(self) -> bool:
@@ -121,8 +138,8 @@ class EtcdLock:
         EtcdUnavailable when etcd cannot be reached (within the timeout, or
         within pylock's 5 s request limit when waiting longer).
         """
-        owner = threading.get_ident()
-        if self._owner == owner:
+        owner = _lock._this_thread.token
+        if self._owner is owner and self.locked:
             raise ReentrantAcquire(
                 f"{self.path}: this thread already holds this EtcdLock; pylock locks are "
                 "not reentrant"
@@ -131,47 +148,82 @@ class EtcdLock:
             raise ValueError("a timeout makes no sense with blocking=False")
         timeout = check_timeout(timeout)
         deadline = deadline_of(timeout)
-        guard = self._guard
-        if not guard.acquire(False) and (
-            not blocking or not guard.acquire(True, -1 if timeout is None else timeout)
-        ):
-            if not blocking:
-                raise LockHeld(self.path, self.holder())
-            raise LockTimeout(self.path, self.holder(), timeout or 0.0)
+        # As in Lock.acquire: named before the try, owned and given back in C
+        # calls.  The session the etcd thread creates lives only while the
+        # owner word names this attempt: the except clause's first call
+        # gives the object back, which dooms the session even if an
+        # exception cuts the rest short (its keep-alive ends it, within a
+        # third of the TTL); the rest ends it at once (won).
+        attempt = object()
+        token = id(attempt)
+        won: list[Session] = []
+        waited = [False]  # slept on the bell: may have taken a ring meant for others
+        lf = self._lf
         try:
-            session = run_blocking(self._contend(blocking, deadline, timeout))
+            if lib.pl_own(lf, token, 0) != 0:
+                if not blocking:
+                    self._raise_held(False, timeout)
+                while lib.pl_own(lf, token, 1) != 0:
+                    waited[0] = True
+                    left = seconds_left(deadline)
+                    if not self._bell.acquire(True, -1 if left is None else left):
+                        self._raise_held(True, timeout)
+            session = run_blocking(self._contend(blocking, deadline, timeout, attempt, won))
+            self._hold(session, owner)
+            self._attempt = attempt
         except BaseException:
-            guard.release()
-            self._wake_object_waiter()
+            self._give_back(attempt, won, waited[0])
             raise
-        self._hold(session, owner)
         return True
 
     async def acquire_async(self, timeout: float | None = None) -> bool:
         """Take the lock from a coroutine; cancelling the task leaves nothing in etcd."""
-        owner = _task_owner()
-        if self._owner == owner:
+        owner = task_owner()
+        if self._owner is owner and self.locked:
             raise ReentrantAcquire(
                 f"{self.path}: this task already holds this EtcdLock; pylock locks are "
                 "not reentrant"
             )
         timeout = check_timeout(timeout)
         deadline = deadline_of(timeout)
-        while not self._guard.acquire(False):
-            await self._wait_for_object(deadline, timeout)
+        attempt = object()
+        token = id(attempt)
+        won: list[Session] = []
         try:
-            session = await run_async(
-                self._contend(True, deadline, timeout),
-                on_orphan=lambda s: etcd_loop().submit(s.end()),
-            )
+            if lib.pl_own(self._lf, token, 0) != 0:
+                await wait_for_object(self, token, deadline, timeout)
+            session = await run_async(self._contend(True, deadline, timeout, attempt, won))
+            self._hold(session, owner)
+            self._attempt = attempt
         except BaseException:
-            self._guard.release()
-            self._wake_object_waiter()
+            self._give_back(attempt, won, False)
             raise
-        self._hold(session, owner)
         return True
 
-    def _hold(self, session: Session, owner: _Owner) -> None:
+    def _give_back(self, attempt: object, won: list[Session], waited: bool) -> None:
+        """An acquisition that raises holds nothing.  The first call gives the
+        object back (the session is doomed from then on, see _contend); the
+        rest ends the session at once and forgets it, and may be cut short."""
+        ring = lib.pl_disown(self._lf, id(attempt), 0)
+        try:
+            if won:
+                etcd_loop().submit(won.pop().end())
+            if self._attempt is attempt:
+                self._attempt = None
+            if self._holding() is None:
+                self._session = None
+                self._owner = None
+                _held_locks.discard(self)
+        finally:
+            if ring > 0 or waited:
+                _lock._ring(self)
+
+    def _raise_held(self, blocking: bool, timeout: float | None) -> None:
+        if blocking:
+            raise LockTimeout(self.path, self.holder(), timeout or 0.0)
+        raise LockHeld(self.path, self.holder())
+
+    def _hold(self, session: Session, owner: object) -> None:
         self._session = session
         self._owner = owner
         _held_locks.add(self)
@@ -197,7 +249,12 @@ class EtcdLock:
             log.exception("pylock: the on_lost callback of %s raised", self.path)
 
     async def _contend(
-        self, blocking: bool, deadline: float | None, timeout: float | None
+        self,
+        blocking: bool,
+        deadline: float | None,
+        timeout: float | None,
+        attempt: object,
+        won: list[Session],
     ) -> Session:
         """Runs on the etcd loop: create our key, wait for our turn, return the session."""
         cluster = etcd_loop().cluster(self.endpoints)
@@ -208,11 +265,16 @@ class EtcdLock:
             raise EtcdUnavailable(self.endpoints, f"no answer within {timeout:g} s") from None
         key = self._prefix + f"{lease:016x}".encode()
         session = Session(cluster, key, lease, ttl, started + ttl)
+        lf, token = self._lf, id(attempt)
+        # Kept alive while the object is owned by this attempt (which the
+        # closure keeps alive, so that its id names nobody else).
+        session.wanted = lambda: (lf.owner & ~1) == token and attempt is not None
         session.start()
         try:
             value = encode_record(self._info, lease, ttl)
             session.revision = await cluster.create(key, value, lease, deadline)
             await self._wait_turn(cluster, session, blocking, deadline)
+            won.append(session)  # no await follows: nothing can cancel it now
         except DeadlinePassed:
             await session.end()
             holder = await self._find(cluster, time.monotonic() + _NAMING_TIME)
@@ -259,43 +321,24 @@ class EtcdLock:
             return None
         return None if kv is None else decode_holder(self.name, kv, revision, self.endpoints)
 
-    async def _wait_for_object(self, deadline: float | None, timeout: float | None) -> None:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        entry = (loop, future)
-        self._object_waiters.append(entry)
-        try:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            await asyncio.wait_for(future, remaining)
-        except BaseException as exc:
-            if entry in self._object_waiters:
-                self._object_waiters.remove(entry)
-            elif not self._guard.locked():
-                self._wake_object_waiter()  # handed the turn but leaving: pass it on
-            if isinstance(exc, asyncio.TimeoutError):
-                raise LockTimeout(self.path, self.holder(), timeout or 0.0) from None
-            raise
-
     def _wake_object_waiter(self) -> None:
-        if self._object_waiters:
-            loop, future = self._object_waiters.pop(0)
-            with contextlib.suppress(RuntimeError):  # that loop is closed
-                loop.call_soon_threadsafe(_set_result, future)
+        wake_object_waiter(self)
 
     # -- releasing -----------------------------------------------------------
 
-    def _take_session(self) -> Session:
-        session = self._session
-        if self._owner is None or session is None:
+    def _take_session(self) -> tuple[Session, object]:
+        session, attempt = self._session, self._holding()
+        if self._owner is None or session is None or attempt is None:
             raise NotHeld(f"{self.path}: release() of a lock this EtcdLock object does not hold")
         self._session = None
         self._owner = None
+        self._attempt = None
         _held_locks.discard(self)
-        return session
+        return session, attempt
 
-    def _release_object(self) -> None:
-        self._guard.release()
-        self._wake_object_waiter()
+    def _release_object(self, attempt: object) -> None:
+        if lib.pl_disown(self._lf, id(attempt), 0) > 0:
+            _lock._ring(self)
 
     def release(self) -> None:
         """Release the lock: its key is deleted at once, which wakes the next waiter.
@@ -303,22 +346,22 @@ class EtcdLock:
         If etcd cannot be reached, a warning is logged and the lock frees
         itself when the lease expires (within ttl seconds).
         """
-        session = self._take_session()
+        session, attempt = self._take_session()
         try:
             if threading.current_thread() is etcd_loop().thread:
                 etcd_loop().loop.create_task(session.end())
             else:
                 run_blocking(session.end())
         finally:
-            self._release_object()
+            self._release_object(attempt)
 
     async def release_async(self) -> None:
         """release() without blocking the event loop for the round trip."""
-        session = self._take_session()
+        session, attempt = self._take_session()
         try:
             await run_async(session.end())
         finally:
-            self._release_object()
+            self._release_object(attempt)
 
     def close(self) -> None:
         """Release the lock if this object holds it."""
@@ -363,19 +406,20 @@ class EtcdLock:
         await self.release_async()
 
 
-def _set_result(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+ACQUIRE_ASYNC_CODES.add(EtcdLock.acquire_async.__code__)
 
 
 def _forget_after_fork() -> None:
     # A forked child does not hold its parent's etcd locks: releasing them
     # there would revoke the parent's lease.
-    for lock in list(_held_locks):
+    for lock in list(_all_locks):
         lock._session = None
         lock._owner = None
-        lock._guard = threading.Lock()
+        lock._attempt = None
+        lock._lf.owner = 0  # the child has one thread: nobody owns anything
+        lock._bell = _lock._new_bell()
         lock._object_waiters = []
+        lock._object_waiters_mu = threading.Lock()
     _held_locks.clear()
 
 

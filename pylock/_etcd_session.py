@@ -33,6 +33,10 @@ class Session:
         self.revision = 0  # the key's creation revision: the fencing token
         self.lost_reason: str | None = None
         self.on_lost: Callable[[str], None] | None = None
+        # False once the acquisition this session serves has given up (an
+        # exception may have cut its clean-up short): checked at every
+        # keep-alive, which then ends the session.
+        self.wanted: Callable[[], bool] = lambda: True
         self._keeper: asyncio.Task[None] | None = None
 
     @property
@@ -53,6 +57,10 @@ class Session:
         next_at = time.monotonic() + interval
         while True:
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            if not self.wanted():
+                self._keeper = None  # ending from inside: end() must not cancel this task
+                await self._revoke()
+                return
             sent = time.monotonic()
             if sent >= self.expires:
                 self._mark_lost(
@@ -79,6 +87,9 @@ class Session:
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.cancel()
+        return await self._revoke()
+
+    async def _revoke(self) -> bool:
         try:
             await self.cluster.revoke(self.lease)
         except (EtcdUnavailable, DeadlinePassed) as exc:

@@ -32,10 +32,19 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
     from types import TracebackType
-    from typing import Any
+    from typing import Any, Protocol
 
     from ._holder import Holder
     from .metrics import LockStats
+
+    class Ringable(Protocol):
+        """A lock object with a bell (Lock, EtcdLock)."""
+
+        _bell: Any
+        _object_waiters: list[Any]
+
+        def _wake_object_waiter(self) -> None: ...
+
 
 # Every Lock with an open descriptor: a forked child forgets them (the C
 # core has closed their descriptors), and a wait that could only deadlock
@@ -581,7 +590,7 @@ def _new_bell() -> Any:
     return bell
 
 
-def _ring(lock: Lock) -> None:
+def _ring(lock: Ringable) -> None:
     """Wake a thread and a coroutine waiting for this Lock object (each
     retries pl_own; a wake-up too many costs one retry).  Where a signal
     handler's exception may land (the program's threads), it is inlined."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-from typing import Any
+from typing import Any, Protocol
 
 from . import _lock
 from ._errors import ReentrantAcquire
@@ -26,7 +26,7 @@ async def acquire_async(lock: Lock, timeout: float | None) -> bool:
     nothing behind, never the lock.  Owning the object and giving it back
     follow Lock.acquire (a token named before the try, C calls that take it).
     """
-    owner = _task_owner()
+    owner = task_owner()
     if lock._owner is owner:
         raise ReentrantAcquire(
             f"{lock.path}: this task already holds this Lock; pylock locks are not reentrant"
@@ -39,7 +39,7 @@ async def acquire_async(lock: Lock, timeout: float | None) -> bool:
     try:
         rc = _lock._acquire(lf, token)
         while rc == lib.PL_E_BUSY:
-            await _wait_for_object(lock, token, deadline, timeout)
+            await wait_for_object(lock, token, deadline, timeout)
             rc = _lock._acquire(lf, token)
         if rc == errno.EBADF:  # owned, not yet open
             lock._open()
@@ -89,10 +89,23 @@ async def acquire_async(lock: Lock, timeout: float | None) -> bool:
     return True
 
 
-async def _wait_for_object(
-    lock: Lock, token: int, deadline: float | None, timeout: float | None
+Waiter = tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]
+
+
+class ObjectOwned(Protocol):
+    """What waiting for a lock object needs of it (Lock, EtcdLock)."""
+
+    _lf: Any
+    _object_waiters: list[Waiter]
+    _object_waiters_mu: Any
+
+    def _raise_held(self, blocking: bool, timeout: float | None) -> None: ...
+
+
+async def wait_for_object(
+    lock: ObjectOwned, token: int, deadline: float | None, timeout: float | None
 ) -> None:
-    """Sleep until this Lock object is given back by the attempt that owns it
+    """Sleep until this lock object is given back by the attempt that owns it
     here; returns owning it (marked: others may wait for its ring)."""
     loop = asyncio.get_running_loop()
     while True:
@@ -117,7 +130,7 @@ async def _wait_for_object(
             raise
 
 
-def _dequeue(lock: Lock, entry: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]) -> bool:
+def _dequeue(lock: ObjectOwned, entry: Waiter) -> bool:
     with lock._object_waiters_mu:
         queued = entry in lock._object_waiters
         if queued:
@@ -125,7 +138,7 @@ def _dequeue(lock: Lock, entry: tuple[asyncio.AbstractEventLoop, asyncio.Future[
     return queued
 
 
-def wake_object_waiter(lock: Lock) -> None:
+def wake_object_waiter(lock: ObjectOwned) -> None:
     """Wake the first waiting coroutine whose loop still runs."""
     while True:
         with lock._object_waiters_mu:
@@ -196,7 +209,7 @@ def _set_result(future: asyncio.Future[Any], value: Any = None) -> None:
         future.set_result(value)
 
 
-def _task_owner() -> object:
+def task_owner() -> object:
     """The task that will hold the lock, or this thread's token outside tasks.
 
     A task that runs nothing but acquire_async (asyncio.wait_for on Python
@@ -207,7 +220,7 @@ def _task_owner() -> object:
     if task is None:
         return _lock._this_thread.token
     coro = task.get_coro()
-    if getattr(coro, "cr_code", None) is _ACQUIRE_ASYNC_CODE:
+    if getattr(coro, "cr_code", None) in ACQUIRE_ASYNC_CODES:
         awaiting = _awaiting_task(task)
         if awaiting is not None:
             return awaiting
@@ -228,4 +241,6 @@ def _awaiting_task(task: Any) -> object | None:
     return None
 
 
-_ACQUIRE_ASYNC_CODE = Lock.acquire_async.__code__
+# The acquire_async methods (EtcdLock adds its own): a task running nothing
+# but one of them acquires for the task awaiting it.
+ACQUIRE_ASYNC_CODES = {Lock.acquire_async.__code__}

@@ -270,6 +270,26 @@ def test_acquire_async_wakes_and_cancel_leaves_nothing(etcd, lock_name):
     asyncio.run(main())
 
 
+def test_an_acquire_cut_short_after_giving_the_object_back_strands_no_session(etcd, lock_name):
+    """An exception from a signal handler may land right after the first call of
+    a failing acquire's except clause, which gives the object back, and skip
+    the rest (ending the session at once).  The object given back dooms the
+    session: its keep-alive ends it, so another object gets the lock within
+    a third of the TTL instead of waiting for it forever."""
+    from pylock._native import lib
+
+    lock = make_lock(etcd, lock_name)
+    lock.acquire()
+    # What such an exception leaves: the except clause's first call, no more.
+    lib.pl_disown(lock._lf, id(lock._attempt), 0)
+    assert not lock.locked
+    other = make_lock(etcd, lock_name)
+    assert other.acquire(timeout=10)
+    other.release()
+    assert lock.acquire(timeout=10)  # and the object itself still works
+    lock.release()
+
+
 def test_import_pylock_does_not_load_the_etcd_client():
     code = (
         "import sys, pylock; pylock.holder_exit; pylock.SupportsLock; "

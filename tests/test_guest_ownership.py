@@ -10,7 +10,7 @@ import os
 import resource
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -32,15 +32,28 @@ def wait_sleeping(thread: threading.Thread) -> None:
         os.sched_yield()
 
 
+@pytest.fixture(params=["Lock", "EtcdLock"])
+def new_lock(request: pytest.FixtureRequest, lock_path: str) -> Callable[[], Any]:
+    """Makes lock objects on one lock: a lock file, or a name in a real etcd.
+    Both keep which attempt uses an object the same way."""
+    if request.param == "Lock":
+        return lambda: pylock.Lock(lock_path)
+    cluster = request.getfixturevalue("etcd")
+    from pylock.etcd import EtcdLock
+
+    name = f"{request.node.name}-{os.getpid()}"
+    return lambda: EtcdLock(name, endpoints=cluster.endpoint_list, ttl=2)
+
+
 def pylock_wait_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("pylock wait")]
 
 
-def test_a_new_thread_with_a_reused_id_is_not_the_old_owner(lock_path: str) -> None:
+def test_a_new_thread_with_a_reused_id_is_not_the_old_owner(new_lock: Callable[[], Any]) -> None:
     """Thread ids are reused as soon as a thread ends: a thread whose id equals
     that of an ended holder must be told the lock is held, not that it
     holds it already."""
-    lock = pylock.Lock(lock_path)
+    lock = new_lock()
     first = threading.Thread(target=lock.acquire)  # ends holding the lock
     first.start()
     first.join()
@@ -111,10 +124,10 @@ async def _one_after_another(make: Any, count: int) -> list[tuple[int, object]]:
     return ended
 
 
-def test_a_new_task_with_a_reused_id_is_not_the_old_owner(lock_path: str) -> None:
+def test_a_new_task_with_a_reused_id_is_not_the_old_owner(new_lock: Callable[[], Any]) -> None:
     """A task that ended holding the lock still owns it: a later task, even
     one at the ended task's address, must be told the lock is held."""
-    lock = pylock.Lock(lock_path)
+    lock = new_lock()
 
     async def nothing() -> None:
         pass
@@ -146,12 +159,14 @@ def test_a_new_task_with_a_reused_id_is_not_the_old_owner(lock_path: str) -> Non
     assert outcomes == {"LockTimeout"}
 
 
-def test_wait_for_then_acquire_again_from_the_same_task_is_reentrant(lock_path: str) -> None:
+def test_wait_for_then_acquire_again_from_the_same_task_is_reentrant(
+    new_lock: Callable[[], Any],
+) -> None:
     """asyncio.wait_for on Python 3.11 runs the acquire in an inner task: the
     lock is still the outer task's, so acquiring again must raise at once,
     not wait until the timeout.  Every inner task is kept alive, so the
     second cannot pass for the first by getting its id."""
-    lock = pylock.Lock(lock_path)
+    lock = new_lock()
 
     async def twice() -> str:
         await asyncio.wait_for(lock.acquire_async(), 5)
@@ -184,13 +199,15 @@ class _HookedLoop(asyncio.SelectorEventLoop):
         return super().create_future()
 
 
-def test_a_release_between_the_busy_check_and_the_queueing_hands_over(lock_path: str) -> None:
+def test_a_release_between_the_busy_check_and_the_queueing_hands_over(
+    new_lock: Callable[[], Any],
+) -> None:
     """Another thread releases the object after acquire_async found it busy
     and before it queued for the release: the release sees nobody to wake,
     so acquire_async must notice by itself that the object is free.  The
     stress storm meets this interleaving about once in 10,000 hand-overs;
     here the loop's hook makes it every time."""
-    lock = pylock.Lock(lock_path)
+    lock = new_lock()
     held, release_now, released = threading.Event(), threading.Event(), threading.Event()
 
     def holder() -> None:

@@ -39,7 +39,6 @@ from ._timeout import check_timeout, deadline_of, seconds_left
 
 log = logging.getLogger("pylock")
 
-_held_locks: weakref.WeakSet[EtcdLock] = weakref.WeakSet()
 # Every EtcdLock: a fork may come while another thread owns one.
 _all_locks: weakref.WeakSet[EtcdLock] = weakref.WeakSet()
 
@@ -213,7 +212,6 @@ class EtcdLock:
             if self._holding() is None:
                 self._session = None
                 self._owner = None
-                _held_locks.discard(self)
         finally:
             if ring > 0 or waited:
                 _lock._ring(self)
@@ -226,7 +224,6 @@ class EtcdLock:
     def _hold(self, session: Session, owner: object) -> None:
         self._session = session
         self._owner = owner
-        _held_locks.add(self)
         session.on_lost = self._lost_callback(session)
         if session.lost_reason is not None:  # lost between winning and here
             session.on_lost(session.lost_reason)
@@ -333,7 +330,6 @@ class EtcdLock:
         self._session = None
         self._owner = None
         self._attempt = None
-        _held_locks.discard(self)
         return session, attempt
 
     def _release_object(self, attempt: object) -> None:
@@ -420,7 +416,6 @@ def _forget_after_fork() -> None:
         lock._bell = _lock._new_bell()
         lock._object_waiters = []
         lock._object_waiters_mu = threading.Lock()
-    _held_locks.clear()
 
 
 if hasattr(os, "register_at_fork"):

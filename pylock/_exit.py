@@ -89,7 +89,8 @@ async def holder_exit(target: Target, *, timeout: float | None = None) -> int | 
     inf wait forever, as threading.Lock; other negatives and NaN are a
     ValueError), ValueError for a pid that cannot exist, names the caller or
     is a thread id.  Cancelling the awaiting task releases everything the
-    wait held.
+    wait held, never blocking the loop (a wait in a pylock thread lets go of
+    its descriptor as that thread ends, a moment after the cancel).
     """
     seconds = check_timeout(timeout)
     if isinstance(target, EtcdHolder):  # held in etcd: its key's deletion is its exit

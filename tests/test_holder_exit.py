@@ -340,6 +340,15 @@ def _helpers_end() -> None:
             assert not thread.is_alive(), f"{thread.name} still runs with nothing watched"
 
 
+def _waits_end() -> None:
+    """A cancelled wait in a pylock thread is interrupted without blocking the
+    loop; its thread lets go of the descriptor as it ends, a moment later."""
+    for thread in threading.enumerate():
+        if thread.name.startswith("pylock wait"):
+            thread.join(timeout=10)
+            assert not thread.is_alive(), f"{thread.name} goes on after its wait was cancelled"
+
+
 def _selector_size(loop: asyncio.AbstractEventLoop) -> int:
     """Readers registered with the loop (uvloop does not show them: -1)."""
     selector = getattr(loop, "_selector", None)
@@ -384,6 +393,7 @@ def test_cancellation_and_timeouts_leak_nothing(
                 await holder_exit(watched(), timeout=0.0005)
         for _ in range(rounds):
             assert wait_exit(watched(), timeout=0) is False
+        _waits_end()
         assert _threads() == threads
         assert _selector_size(loop) == readers
         _helpers_end()

@@ -236,3 +236,11 @@ int pl_acquire(pl_lockfile *lf, uintptr_t token)
     }
     return pl_claim(lf);
 }
+
+int pl_lock_wait_claim(pl_lockfile *lf, int64_t timeout_ns, pl_waiter *w, int *claim_rc)
+{
+    int rc = pl_lock_wait(lf->handle, lf->shared, timeout_ns, w);
+    if (rc == 0)
+        *claim_rc = pl_claim(lf);
+    return rc;
+}

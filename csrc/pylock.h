@@ -157,6 +157,11 @@ int pl_claim(pl_lockfile *lf);
  * EBADF: token owns it now, but it is not open (lf->handle < 0).  Every
  * other result leaves the file token's, to give back with pl_disown. */
 int pl_acquire(pl_lockfile *lf, uintptr_t token);
+/* pl_lock_wait on lf's descriptor, then, once granted, pl_claim in the same
+ * call (a blocked acquirer's work after its wake-up is what its hand-over
+ * costs): returns the wait's code; only when that is 0, *claim_rc gets
+ * pl_claim's. */
+int pl_lock_wait_claim(pl_lockfile *lf, int64_t timeout_ns, pl_waiter *w, int *claim_rc);
 /* pl_unlock, after filing the hold in lf->holds if pl_claim timed it. */
 int pl_release(pl_lockfile *lf);
 /* CDEF-END */

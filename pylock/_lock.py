@@ -387,8 +387,7 @@ class Lock:
                 if not blocking or passed(deadline):
                     self._raise_held(blocking, timeout)
                 self._refuse_self_deadlock(owner)
-                self._wait(deadline, timeout)
-                rc = lib.pl_claim(self._lf)
+                rc = self._wait(deadline, timeout)
             else:
                 rc = self._retry_after(rc, token)
         if _observer is not None and contended:
@@ -413,8 +412,14 @@ class Lock:
 
         return wait
 
-    def _wait(self, deadline: float | None, timeout: float | None) -> None:
-        rc = wait_blocking(self._c_wait(), deadline)
+    def _wait(self, deadline: float | None, timeout: float | None) -> int:
+        """Wait for the lock and claim it (pl_claim's code)."""
+        lf, claimed = self._lf, ffi.new("int *")
+
+        def wait(waiter: Any, timeout_ns: int) -> int:
+            return int(lib.pl_lock_wait_claim(lf, timeout_ns, waiter, claimed))
+
+        rc = wait_blocking(wait, deadline)
         if rc == errno.ETIMEDOUT:
             self._raise_held(True, timeout)
         if rc == errno.ENOTSUP and deadline is not None:
@@ -423,6 +428,7 @@ class Lock:
             raise no_wake_signal(f"{self.path}: acquire(timeout={timeout!r})")
         if rc:
             fail(rc, self.path)
+        return int(claimed[0])
 
     def _refuse_self_deadlock(self, owner: object) -> None:
         # Through the set's weak references, owner first: among 64 Lock

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import time
+from _thread import _local
 
 from ._errors import LockError
 from ._native import ffi, lib
@@ -41,14 +42,24 @@ def wait_blocking(wait: CWait, deadline: float | None) -> int:
     Python runs its handlers (which may raise, e.g. KeyboardInterrupt), then
     the wait goes on for the time left.
     """
-    waiter = new_waiter()
-    try:
-        while True:
-            rc = wait(waiter, ns_left(deadline))
-            if rc != errno.EINTR:
-                return rc
-    finally:
-        lib.pl_waiter_free(waiter)
+    waiter = _this_thread.waiter
+    if waiter is None:
+        # One per thread, kept: allocating and freeing it around each wait
+        # cost a woken waiter a cffi round trip (about 6 µs of a hand-over).
+        # Its waits run one at a time (a signal handler's own wait runs
+        # between two calls of the one it interrupted), nobody cancels them.
+        waiter = _this_thread.waiter = ffi.gc(new_waiter(), lib.pl_waiter_free)
+    while True:
+        rc = wait(waiter, ns_left(deadline))
+        if rc != errno.EINTR:
+            return rc
+
+
+class _ThisThread(_local):
+    waiter: Any = None
+
+
+_this_thread = _ThisThread()
 
 
 def no_wake_signal(what: str) -> LockError:

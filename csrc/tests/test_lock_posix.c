@@ -352,6 +352,42 @@ static void test_claim(void)
     pl_close(e);
 }
 
+/* A granted wait claims in the same call (path check, record); one that is
+ * not granted leaves *claim_rc alone. */
+static void test_lock_wait_claim(void)
+{
+    char *p = path_in("waitclaim.lock");
+    pl_handle a = open_lock(p), b = open_lock(p);
+    const char head[] = "{\"pid\":2,\"acquired_at\":";
+    pl_waiter *w = pl_waiter_new();
+    int claim_rc = 12345;
+    char buf[64];
+    size_t n = 0;
+    pl_lockfile lf;
+    memset(&lf, 0, sizeof lf);
+    lf.handle = a;
+    lf.path = p;
+    lf.head = head;
+    lf.head_len = sizeof head - 1;
+    CHECK(w != NULL && pl_file_stat(a, &lf.st) == 0);
+    CHECK(pl_try_lock(b, 0) == 0);
+    CHECK(pl_lock_wait_claim(&lf, 0, w, &claim_rc) == ETIMEDOUT && claim_rc == 12345);
+    CHECK(pl_unlock(b) == 0);
+    CHECK(pl_lock_wait_claim(&lf, -1, w, &claim_rc) == 0 && claim_rc == 0);
+    CHECK(pl_read_record(b, buf, sizeof buf, &n) == 0 && n > 17);
+    CHECK(memcmp(buf, "pylock-record v1 ", 17) == 0);
+    CHECK(pl_try_lock(b, 0) == EWOULDBLOCK);
+    CHECK(pl_unlock(a) == 0);
+    /* Granted on a file renamed away: the claim says so and unlocks it. */
+    CHECK(rename(p, path_in("waitclaim.lock.old")) == 0);
+    CHECK(pl_lock_wait_claim(&lf, -1, w, &claim_rc) == 0 && claim_rc == PL_E_UNLINKED);
+    CHECK(pl_try_lock(b, 0) == 0);
+    pl_unlock(b);
+    pl_waiter_free(w);
+    pl_close(a);
+    pl_close(b);
+}
+
 /* With holds set, pl_claim stamps the hold and pl_release files its length
  * under its bit length; without, nothing is timed.  Either way it unlocks. */
 static void test_timed_holds(void)
@@ -573,6 +609,7 @@ int main(void)
     test_holder_death();
     test_owner();
     test_claim();
+    test_lock_wait_claim();
     test_timed_holds();
     test_wake_signal_rechecked();
     test_foreign_file_is_never_written();

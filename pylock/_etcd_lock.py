@@ -118,14 +118,14 @@ class EtcdLock:
     def lost(self) -> bool:
         """True once this holder can no longer prove its lease is alive: another
         process may hold the lock now.  False when not held."""
-        session = self._session
+        session = self._session if self.locked else None
         return session is not None and session.lost
 
     @property
     def fencing_token(self) -> int | None:
         """The held key's creation revision: strictly greater for every later
         acquisition of this lock.  None when not held."""
-        session = self._session
+        session = self._session if self.locked else None
         return session.revision if session is not None else None
 
     # -- taking the lock -----------------------------------------------------
@@ -205,13 +205,14 @@ class EtcdLock:
         rest ends the session at once and forgets it, and may be cut short."""
         ring = lib.pl_disown(self._lf, id(attempt), 0)
         try:
+            # Only what this attempt set: another may own the object already.
             if won:
-                etcd_loop().submit(won.pop().end())
+                session = won.pop()
+                etcd_loop().submit(session.end())  # never blocks the caller
+                if self._session is session:
+                    self._session = None
             if self._attempt is attempt:
                 self._attempt = None
-            if self._holding() is None:
-                self._session = None
-                self._owner = None
         finally:
             if ring > 0 or waited:
                 _lock._ring(self)

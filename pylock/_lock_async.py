@@ -17,7 +17,7 @@ from ._timeout import deadline_of, seconds_left
 from ._wait import LoopWait, passed
 
 
-async def acquire_async(lock: Lock, timeout: float | None) -> bool:
+async def acquire_async(lock: Lock, timeout: float | None = None) -> bool:
     """Take the lock from a coroutine without blocking the event loop.
 
     While the lock is held elsewhere, a pylock thread waits in the kernel
@@ -243,4 +243,10 @@ def _awaiting_task(task: Any) -> object | None:
 
 # The acquire_async methods (EtcdLock adds its own): a task running nothing
 # but one of them acquires for the task awaiting it.
-ACQUIRE_ASYNC_CODES = {Lock.acquire_async.__code__}
+ACQUIRE_ASYNC_CODES = {Lock.acquire_async.__code__, acquire_async.__code__}
+
+# Lock.acquire_async loads this module; from then on the method is
+# acquire_async itself: one coroutine per acquisition instead of two, and no
+# import statement (0.6 µs of an uncontended acquire_async + release).
+acquire_async.__doc__ = Lock.acquire_async.__doc__
+Lock.acquire_async = acquire_async  # type: ignore[method-assign,assignment]

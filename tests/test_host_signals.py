@@ -74,8 +74,77 @@ PRELUDE = textwrap.dedent(
 )
 
 
-def run_host(tmp_path, body: str, limit: float = 20.0) -> dict:
-    code = PRELUDE + textwrap.dedent(body)
+# For programs that take every real-time signal, so that a cancel cannot
+# interrupt pylock's kernel waits: what they watch and steer.
+SIGNALS_TAKEN = """
+import fcntl, gc
+for sig in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
+    signal.signal(sig, signal.SIG_IGN)
+
+def lock_fds():
+    # This process's descriptors on the lock file.
+    return {int(n) for n in os.listdir("/proc/self/fd")
+            if os.path.realpath(f"/proc/self/fd/{n}") == os.path.realpath(path)}
+
+def wait_thread_in_flock():
+    for t in threading.enumerate():
+        if t.name.startswith("pylock wait"):
+            try:
+                with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                with open(f"/proc/self/task/{t.native_id}/wchan") as f:
+                    return state == "S" and "lock" in f.read()
+            except FileNotFoundError:
+                return False
+    return False
+
+async def cancel_in_flock(coro):
+    # Runs coro until its pylock thread sleeps in flock, then cancels it:
+    # (cancelled, the descriptors on the lock file it opened meanwhile).
+    before = lock_fds()
+    task = asyncio.ensure_future(coro)
+    while not wait_thread_in_flock():
+        await asyncio.sleep(0.001)
+    opened = lock_fds() - before
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        return True, opened
+    return False, opened
+
+def join_wait_threads():
+    for t in [t for t in threading.enumerate() if t.name.startswith("pylock wait")]:
+        t.join()
+
+def lock_own_file_as(number):
+    # The program opens and locks a file of its own; if pylock let go of
+    # number, the kernel hands out that number now.  (the descriptor, whether
+    # it got that number)
+    mine_path = path + ".programs"
+    spare = []
+    for _ in range(1000):
+        n = os.open(mine_path, os.O_RDWR | os.O_CREAT, 0o600)
+        if n >= number:
+            break
+        spare.append(n)
+    fcntl.flock(n, fcntl.LOCK_EX)
+    return n, n == number
+
+def own_file_still_locked():
+    other = os.open(path + ".programs", os.O_RDWR)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(other)
+    return False
+"""
+
+
+def run_host(tmp_path, body: str, limit: float = 20.0, signals_taken: bool = False) -> dict:
+    code = PRELUDE + (SIGNALS_TAKEN if signals_taken else "") + textwrap.dedent(body)
     try:
         proc = subprocess.run(
             [sys.executable, "-c", code, str(tmp_path / "host.lock")],
@@ -249,33 +318,6 @@ def test_an_abandoned_waits_late_grant_is_never_taken_for_a_newer_attempts(tmp_p
     out = run_host(
         tmp_path,
         """
-        import gc
-        for sig in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
-            signal.signal(sig, signal.SIG_IGN)
-
-        def asleep_in_flock():
-            for t in threading.enumerate():
-                if t.name.startswith("pylock wait"):
-                    try:
-                        with open(f"/proc/self/task/{t.native_id}/stat") as f:
-                            state = f.read().rsplit(")", 1)[1].split()[0]
-                        with open(f"/proc/self/task/{t.native_id}/wchan") as f:
-                            return state == "S" and "lock" in f.read()
-                    except FileNotFoundError:
-                        return False
-            return False
-
-        async def cancel_uninterruptible():
-            task = asyncio.ensure_future(waiter.acquire_async())
-            while not asleep_in_flock():   # in the kernel: a cancel cannot end it
-                await asyncio.sleep(0.001)
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                return True
-            return False
-
         # The newer attempt runs in a thread of the program's, made before the
         # wait is abandoned: a thread's first acquisition also allocates its
         # owner token, which would take the freed block instead.
@@ -290,7 +332,7 @@ def test_an_abandoned_waits_late_grant_is_never_taken_for_a_newer_attempts(tmp_p
         newer = threading.Thread(target=newer_attempt)
         newer.start()
         warmed.wait()
-        cancelled = asyncio.run(cancel_uninterruptible())
+        cancelled, _ = asyncio.run(cancel_in_flock(waiter.acquire_async()))
         gc.collect()   # the task, its error and its frame are gone
         # Deterministic memory reuse: the next object() takes the most recently
         # freed block of its size, so if the departed attempt's token (read
@@ -317,8 +359,7 @@ def test_an_abandoned_waits_late_grant_is_never_taken_for_a_newer_attempts(tmp_p
                     break
         holder.release()
         newer.join()
-        for t in [t for t in threading.enumerate() if t.name.startswith("pylock wait")]:
-            t.join()
+        join_wait_threads()
         probe = pylock.Lock(path)
         try:
             probe.acquire(blocking=False)
@@ -333,6 +374,7 @@ def test_an_abandoned_waits_late_grant_is_never_taken_for_a_newer_attempts(tmp_p
             free = False   # held by a descriptor nobody owns
         report(cancelled=cancelled, reused=reused, got=got, excluded=excluded, free=free)
         """,
+        signals_taken=True,
     )
     assert out["cancelled"]
     assert not out["reused"], "the token naming the owner was freed while it still owned"
@@ -350,9 +392,7 @@ def test_a_cancelled_lock_watch_never_unlocks_a_descriptor_the_program_reopened(
     out = run_host(
         tmp_path,
         """
-        import fcntl, socket
-        for sig in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
-            signal.signal(sig, signal.SIG_IGN)
+        import socket
         holder.release()
         # Held by an open file description in flight in a unix socket: no
         # process can be named, so holder_exit waits on the lock.
@@ -361,59 +401,13 @@ def test_a_cancelled_lock_watch_never_unlocks_a_descriptor_the_program_reopened(
         fcntl.flock(fd, fcntl.LOCK_EX)
         socket.send_fds(sender, [b"x"], [fd])
         os.close(fd)
-
-        def lock_fds():
-            return {int(n) for n in os.listdir("/proc/self/fd")
-                    if os.path.realpath(f"/proc/self/fd/{n}") == os.path.realpath(path)}
-
-        def watcher_asleep():
-            for t in threading.enumerate():
-                if t.name.startswith("pylock wait"):
-                    with open(f"/proc/self/task/{t.native_id}/wchan") as f:
-                        return "lock" in f.read()
-            return False
-
-        async def cancel_watch():
-            before = lock_fds()
-            task = asyncio.ensure_future(pylock.holder_exit(pylock.Lock(path)))
-            while not watcher_asleep():
-                await asyncio.sleep(0.001)
-            (watched,) = lock_fds() - before
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-            return watched
-
-        watched = asyncio.run(cancel_watch())
-        # The program opens its own file and locks it; if pylock let go of
-        # the watched number, the kernel hands out that number now.
-        mine_path = path + ".programs"
-        spare, mine = [], None
-        for _ in range(1000):
-            n = os.open(mine_path, os.O_RDWR | os.O_CREAT, 0o600)
-            if n > watched:
-                os.close(n)
-                break
-            if n == watched:
-                mine = n
-                break
-            spare.append(n)
-        if mine is None:
-            mine = os.open(mine_path, os.O_RDWR)
-        fcntl.flock(mine, fcntl.LOCK_EX)
+        _, (watched,) = asyncio.run(cancel_in_flock(pylock.holder_exit(pylock.Lock(path))))
+        mine, reused = lock_own_file_as(watched)
         receiver.close(); sender.close()          # the holder goes: the wait ends
-        for t in [t for t in threading.enumerate() if t.name.startswith("pylock wait")]:
-            t.join()
-        other = os.open(mine_path, os.O_RDWR)
-        try:
-            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            programs_lock_kept = False
-        except BlockingIOError:
-            programs_lock_kept = True
-        report(programs_lock_kept=programs_lock_kept, reused=mine == watched)
+        join_wait_threads()
+        report(programs_lock_kept=own_file_still_locked(), reused=reused)
         """,
+        signals_taken=True,
     )
     assert out["programs_lock_kept"], "pylock's late unlock dropped the program's own lock"
 
@@ -429,65 +423,19 @@ def test_closing_a_lock_whose_abandoned_wait_still_runs_never_unlocks_the_progra
     out = run_host(
         tmp_path,
         """
-        import fcntl
-        for sig in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
-            signal.signal(sig, signal.SIG_IGN)
-
-        def lock_fds():
-            return {int(n) for n in os.listdir("/proc/self/fd")
-                    if os.path.realpath(f"/proc/self/fd/{n}") == os.path.realpath(path)}
-
-        def waiter_asleep():
-            for t in threading.enumerate():
-                if t.name.startswith("pylock wait"):
-                    with open(f"/proc/self/task/{t.native_id}/wchan") as f:
-                        return "lock" in f.read()
-            return False
-
-        async def cancel_wait():
-            before = lock_fds()
-            task = asyncio.ensure_future(waiter.acquire_async())
-            while not waiter_asleep():
-                await asyncio.sleep(0.001)
-            (used,) = lock_fds() - before
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-            return used
-
-        used = asyncio.run(cancel_wait())
+        _, (used,) = asyncio.run(cancel_in_flock(waiter.acquire_async()))
         waiter.close()
-        mine_path = path + ".programs"
-        spare, mine = [], None
-        for _ in range(1000):
-            n = os.open(mine_path, os.O_RDWR | os.O_CREAT, 0o600)
-            if n > used:
-                os.close(n)
-                break
-            if n == used:
-                mine = n
-                break
-            spare.append(n)
-        if mine is None:
-            mine = os.open(mine_path, os.O_RDWR)
-        fcntl.flock(mine, fcntl.LOCK_EX)
+        mine, reused = lock_own_file_as(used)
         holder.release()
-        for t in [t for t in threading.enumerate() if t.name.startswith("pylock wait")]:
-            t.join()
-        other = os.open(mine_path, os.O_RDWR)
-        try:
-            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            programs_lock_kept = False
-        except BlockingIOError:
-            programs_lock_kept = True
+        join_wait_threads()
+        programs_lock_kept = own_file_still_locked()
         still_open = lock_fds() - {holder._handle}
         probe = pylock.Lock(path)
         free = probe.acquire(blocking=False)
         report(programs_lock_kept=programs_lock_kept, still_open=sorted(still_open), free=free,
-               reused=mine == used)
+               reused=reused)
         """,
+        signals_taken=True,
     )
     assert out["programs_lock_kept"], "pylock's late unlock dropped the program's own lock"
     assert out["still_open"] == [], "the closed Lock's descriptor outlived its wait"

@@ -380,8 +380,10 @@ def test_cancellation_and_timeouts_leak_nothing(
         with pytest.raises(TimeoutError):
             await holder_exit(watched(), timeout=0.001)
         # Objects left by earlier tests must not close their descriptors
-        # mid-count (that would read as "closed someone else's descriptor").
+        # mid-count (that would read as "closed someone else's descriptor"),
+        # nor the warm-up's wait thread, which closes its own as it ends.
         gc.collect()
+        _waits_end()
         fds, readers, threads = open_fds(), _selector_size(loop), _threads()
         for _ in range(rounds):
             task = await started(holder_exit(watched()))

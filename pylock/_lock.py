@@ -21,8 +21,8 @@ from ._errors import (
 )
 from ._native import ffi, lib
 from ._syscall import check, fail, open_lock_file
-from ._timeout import deadline_of, seconds_left
-from ._wait import passed, wait_blocking
+from ._timeout import deadline_of, ns_left, seconds_left
+from ._wait import passed, thread_waiter
 
 # `import pylock` must cost little more than the interpreter's own start
 # (services import it at start, operators run `pylock run` in shell loops):
@@ -56,6 +56,7 @@ _all_locks: WeakSet[Lock] = WeakSet()
 
 _acquire = lib.pl_acquire
 _release = lib.pl_release
+_wait_claim = lib.pl_lock_wait_claim
 
 
 class _ThreadOwner(_local):
@@ -404,31 +405,27 @@ class Lock:
         self._open()
         return int(_acquire(self._lf, token))
 
-    def _c_wait(self) -> Any:
-        handle, shared = self._handle, self.shared
-
-        def wait(waiter: Any, timeout_ns: int) -> int:
-            return int(lib.pl_lock_wait(handle, shared, timeout_ns, waiter))
-
-        return wait
-
     def _wait(self, deadline: float | None, timeout: float | None) -> int:
-        """Wait for the lock and claim it (pl_claim's code)."""
-        lf, claimed = self._lf, ffi.new("int *")
+        """Wait for the lock and claim it (pl_claim's code).  The C call is
+        made right here, not through wait_blocking's closure: in a hand-over
+        every frame between the kernel's grant and acquire() returning runs
+        cold, a few microseconds each."""
+        lf, waiter, claimed = self._lf, thread_waiter(), ffi.new("int *")
+        rc = errno.EINTR
+        while rc == errno.EINTR:  # the program's handlers ran: wait on
+            rc = _wait_claim(lf, ns_left(deadline), waiter, claimed)
+        if rc:
+            self._wait_failed(rc, deadline, timeout)
+        return int(claimed[0])
 
-        def wait(waiter: Any, timeout_ns: int) -> int:
-            return int(lib.pl_lock_wait_claim(lf, timeout_ns, waiter, claimed))
-
-        rc = wait_blocking(wait, deadline)
+    def _wait_failed(self, rc: int, deadline: float | None, timeout: float | None) -> None:
         if rc == errno.ETIMEDOUT:
             self._raise_held(True, timeout)
         if rc == errno.ENOTSUP and deadline is not None:
             from ._wait import no_wake_signal
 
             raise no_wake_signal(f"{self.path}: acquire(timeout={timeout!r})")
-        if rc:
-            fail(rc, self.path)
-        return int(claimed[0])
+        fail(rc, self.path)
 
     def _refuse_self_deadlock(self, owner: object) -> None:
         # Through the set's weak references, owner first: among 64 Lock

@@ -42,6 +42,16 @@ def wait_blocking(wait: CWait, deadline: float | None) -> int:
     Python runs its handlers (which may raise, e.g. KeyboardInterrupt), then
     the wait goes on for the time left.
     """
+    waiter = thread_waiter()
+    while True:
+        rc = wait(waiter, ns_left(deadline))
+        if rc != errno.EINTR:
+            return rc
+
+
+def thread_waiter() -> Any:
+    """This thread's waiter for its blocking waits (not for LoopWait's,
+    which a task may cancel from another thread)."""
     waiter = _this_thread.waiter
     if waiter is None:
         # One per thread, kept: allocating and freeing it around each wait
@@ -49,10 +59,7 @@ def wait_blocking(wait: CWait, deadline: float | None) -> int:
         # Its waits run one at a time (a signal handler's own wait runs
         # between two calls of the one it interrupted), nobody cancels them.
         waiter = _this_thread.waiter = ffi.gc(new_waiter(), lib.pl_waiter_free)
-    while True:
-        rc = wait(waiter, ns_left(deadline))
-        if rc != errno.EINTR:
-            return rc
+    return waiter
 
 
 class _ThisThread(_local):
@@ -97,8 +104,8 @@ class LoopWait:
     and exit watches where the kernel offers no descriptor a loop could
     watch (a lock held by an unidentified holder, a process on Windows).
 
-    The result reaches the loop with call_soon_threadsafe (await it through
-    asyncio.shield, so that a cancelled task can still learn how the wait
+    The result reaches the loop with call_soon_threadsafe, in self.future
+    (a task cancelled while awaiting it awaits ended() to learn how the wait
     ended).  A task that gives up interrupt()s the wait and awaits its end,
     which the wake signal makes prompt; when that is impossible (the program
     took the signal, the loop is closing) abandon() returns at once, never
@@ -115,7 +122,16 @@ class LoopWait:
     registry before its thread may start waiting, for the same reason.
     """
 
-    __slots__ = ("_gate", "_loop", "_mu", "_on_orphan", "_thread", "_waiter", "decided", "future")
+    __slots__ = (
+        "_gate",
+        "_loop",
+        "_mu",
+        "_on_orphan",
+        "_waiter",
+        "decided",
+        "future",
+        "rc",
+    )
 
     def __init__(
         self,
@@ -129,6 +145,7 @@ class LoopWait:
         import threading
 
         self.future: asyncio.Future[int] = loop.create_future()
+        self.rc: int | None = None  # the wait's result, once delivered
         self._loop = loop
         self._mu = threading.Lock()
         self._on_orphan = on_orphan
@@ -151,9 +168,9 @@ class LoopWait:
             finally:
                 self._finished(rc)
 
-        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        thread = threading.Thread(target=run, name=name, daemon=True)
         try:
-            self._thread.start()
+            thread.start()
         except RuntimeError:  # no thread: nothing uses the waiter
             lib.pl_waiter_free(waiter)
             raise
@@ -164,18 +181,29 @@ class LoopWait:
     def _finished(self, rc: int) -> None:
         with self._mu:
             waiter, self._waiter = self._waiter, None
-        lib.pl_waiter_free(waiter)
-        if self.decided.setdefault("by", "thread") == "thread":
-            try:
-                self._loop.call_soon_threadsafe(_deliver, self.future, rc)
-                return
-            except RuntimeError:  # the loop closed: the task will never hear
-                pass
-        self._on_orphan(rc)
+        try:
+            if self.decided.setdefault("by", "thread") == "thread":
+                try:
+                    # Handed over first, freed after: the loop's task is
+                    # what waits for this thread.
+                    self._loop.call_soon_threadsafe(_deliver, self, rc)
+                    return
+                except RuntimeError:  # the loop closed: the task will never hear
+                    pass
+            self._on_orphan(rc)
+        finally:
+            lib.pl_waiter_free(waiter)
 
-    def join(self) -> None:
-        """Wait for the thread's last lines (it has delivered its result)."""
-        self._thread.join()
+    def ended(self) -> asyncio.Future[int]:
+        """A future for the wait's result: self.future, or a new one when a
+        cancelled task took that one with it.  Awaited without
+        asyncio.shield, whose extra callback costs every hand-over a turn
+        of the loop."""
+        if self.future.cancelled():
+            self.future = self._loop.create_future()
+            if self.rc is not None:
+                self.future.set_result(self.rc)
+        return self.future
 
     def interrupt(self) -> bool:
         """Ask the C core to end the wait soon, without blocking: True when
@@ -204,9 +232,10 @@ class LoopWait:
         return orphaned
 
 
-def _deliver(future: asyncio.Future[int], rc: int) -> None:
-    if not future.done():
-        future.set_result(rc)
+def _deliver(wait: LoopWait, rc: int) -> None:
+    wait.rc = rc
+    if not wait.future.done():
+        wait.future.set_result(rc)
 
 
 def _block_signals() -> None:

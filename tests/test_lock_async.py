@@ -97,6 +97,30 @@ def test_waiting_does_not_block_the_loop_and_release_hands_over(lock_path: str) 
     asyncio.run(main())
 
 
+def test_a_waiting_task_whose_file_is_unlinked_locks_the_file_now_at_the_path(
+    lock_path: str,
+) -> None:
+    """The wait's thread claims the grant (path check, record) before handing
+    over: a grant on a file that left its path is given back, and the task
+    starts again on the path."""
+
+    async def main() -> None:
+        holder, waiter = pylock.Lock(lock_path), pylock.Lock(lock_path)
+        holder.acquire()
+        waiting = asyncio.ensure_future(waiter.acquire_async())
+        await until_blocked(lock_path, os.getpid())
+        holder.release(unlink=True)
+        assert await asyncio.wait_for(waiting, 10) is True
+        at_path, held = os.stat(lock_path), os.fstat(waiter._handle)
+        assert (at_path.st_dev, at_path.st_ino) == (held.st_dev, held.st_ino)
+        assert not free_from_elsewhere(lock_path)
+        found = waiter.holder()
+        assert found is not None and found.pid == os.getpid()
+        waiter.release()
+
+    asyncio.run(main())
+
+
 def test_two_tasks_on_one_lock_object_take_turns(lock_path: str) -> None:
     async def main() -> None:
         lock = pylock.Lock(lock_path)

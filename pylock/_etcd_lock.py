@@ -403,7 +403,7 @@ class EtcdLock:
         await self.release_async()
 
 
-ACQUIRE_ASYNC_CODES.add(EtcdLock.acquire_async.__code__)
+ACQUIRE_ASYNC_CODES.add(id(EtcdLock.acquire_async.__code__))
 
 
 def _forget_after_fork() -> None:

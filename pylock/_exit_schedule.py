@@ -21,13 +21,23 @@ On a quiet machine a round is step 1 and 3 only: about 0.2 ms with 10,000
 watches, 0.2% of a core.  Step 2 costs about 0.2 us per watch (2 ms for
 10,000), and on a busy machine (processes started and reaped all the time)
 the fingerprint changes at every tick; step 2 is then held to SWEEP_BUDGET
-of a core: after a sweep that cost c seconds of CPU the next one waits
-c / SWEEP_BUDGET, MAX_HOLD at most (the change it answers is kept until
-then).  With 10,000 watches that is every tick, about 2% of a core.
+of a core on average, through a credit of CPU time: it earns SWEEP_BUDGET
+per second, up to SWEEP_BURST seconds' worth, and each sweep spends what it
+cost, unless it found a watched process gone: the budget is for sweeps the
+rest of the machine causes, not for the exits pylock was asked to report.
+A sweep runs while the credit lasts; once it is spent, the change waits
+(it is kept, not lost) until the credit is back, MAX_HOLD at most.  So a
+machine that changes at every tick costs the budget, about 2% of a core
+with 10,000 watches, and watched processes that keep exiting are each seen
+within a tick, for at most one sweep per tick (a sweep of 10,000 distinct
+processes costs 1.5-6 ms, so 1.5-6% of a core while they keep exiting).  (A
+pause of cost / SWEEP_BUDGET after every sweep, as before, held exits that
+came one after another 100-400 ms with 10,000 watches.)
 
 So, once the process is reaped (as parents do at once), an exit is seen
-within about TICK (100 ms) up to about 10,000 watches, beyond that within
-the budget's spacing (1 s at most); a zombie left unreaped within TICK x
+within TICK plus one sweep (90 ms + 1.5-6 ms with 10,000 watches: within
+100 ms), or, where the machine's churn has spent the credit, once it is
+back (MAX_HOLD at most); a zombie left unreaped within TICK x
 (watches / EXACT_PER_TICK), a tick for up to EXACT_PER_TICK watches.  The
 thread runs only while there are watches.  Where there is no fingerprint
 (not Linux) every tick is step 2.
@@ -46,9 +56,10 @@ from ._native import ffi, lib
 
 log = logging.getLogger("pylock")
 
-TICK = 0.1
+TICK = 0.09  # with a sweep of 10,000 watches after it, an exit is seen within 100 ms
 EXACT_PER_TICK = 16
-SWEEP_BUDGET = 0.02  # of a core, for step 2 on a busy machine
+SWEEP_BUDGET = 0.02  # of a core, for step 2 on a busy machine, on average
+SWEEP_BURST = 1.0  # seconds of budget the credit holds at most
 MAX_HOLD = 1.0  # seconds a change may wait for the budget, at most
 
 
@@ -77,7 +88,8 @@ class IdentitySchedule:
         self._starts: Any = None
         self._cursor = 0
         self._fingerprint: tuple[int, int] | None = None
-        self._next_sweep = 0.0  # time.monotonic() before which step 2 waits
+        self._credit = SWEEP_BUDGET * SWEEP_BURST  # seconds of CPU step 2 may spend now
+        self._credit_at = time.monotonic()
         # What the rounds cost, for bench/exit_schedule.py's profile.
         self.stats = {"rounds": 0, "round_cpu_s": 0.0, "sweeps": 0, "sweep_cpu_s": 0.0, "held": 0}
         self._pid_max = _pid_max()
@@ -163,16 +175,17 @@ class IdentitySchedule:
         gone = ffi.new("uint8_t[]", n)
         before, now = self._fingerprint, self._read_fingerprint()
         changed = before is None or now is None or before != now
-        if changed and time.monotonic() >= self._next_sweep:
+        if changed and self._earn_credit() > 0:
             cpu = time.thread_time()
             if before is None or now is None:
                 _check(pids, starts, 0, n, _ALL, gone)  # the first round, or no fingerprint
+                cost = time.thread_time() - cpu
             else:
                 # Only pids handed out since the last sweep can have been recycled.
                 _check(pids, starts, 0, n, self._handed_out(before[1], now[1]), gone)
                 cost = time.thread_time() - cpu
-                self._next_sweep = time.monotonic() + min(MAX_HOLD, cost / SWEEP_BUDGET)
-            cost = time.thread_time() - cpu
+                if bytes(ffi.buffer(gone, n)).find(1) < 0:  # the machine's churn, not ours
+                    self._credit = max(self._credit - cost, -MAX_HOLD * SWEEP_BUDGET)
             self._fingerprint = now
             self.stats["sweeps"] += 1
             self.stats["sweep_cpu_s"] += cost
@@ -195,6 +208,15 @@ class IdentitySchedule:
         self.stats["rounds"] += 1
         self.stats["round_cpu_s"] += time.thread_time() - round_cpu
         return found
+
+    def _earn_credit(self) -> float:
+        """The credit, with what the time since the last look earned."""
+        now = time.monotonic()
+        if now > self._credit_at:
+            earned = (now - self._credit_at) * SWEEP_BUDGET
+            self._credit = min(SWEEP_BUDGET * SWEEP_BURST, self._credit + earned)
+            self._credit_at = now
+        return self._credit
 
     def _handed_out(self, old: int, new: int) -> tuple[int, int]:
         """The pids handed out between two last-pid readings, as (after, upto]."""

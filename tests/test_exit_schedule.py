@@ -72,20 +72,71 @@ def test_a_reaped_process_is_seen_through_the_fingerprint(
 
 
 def test_a_change_held_back_by_the_cpu_budget_is_not_lost(
-    target: NonChild, only_fingerprint: None
+    target: NonChild, only_fingerprint: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     schedule = IdentitySchedule(threaded=False)
     seen: list[str] = []
     _fillers(schedule, 100, seen)
     schedule.add(target.pid, start_time(target.pid), lambda: seen.append("target"))
     assert schedule.check_now() == 0
-    schedule._next_sweep = float("inf")  # the budget is spent
+    monkeypatch.setattr(_exit_schedule, "SWEEP_BUDGET", 0.0)  # earns nothing...
+    schedule._credit = -1.0  # ...and is spent
     _kill(target)
     target.reap()
     assert schedule.check_now() == 0  # held back...
-    schedule._next_sweep = 0.0
+    monkeypatch.setattr(_exit_schedule, "SWEEP_BUDGET", float("inf"))
     assert schedule.check_now() == 1  # ...and answered once the budget allows
     assert seen == ["target"]
+
+
+def test_exits_in_a_burst_are_each_seen_at_the_next_round(
+    non_child: type[NonChild], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the real budget and 10,000 watches (a sweep costs milliseconds):
+    the second of two exits in a row is not held back by the first's sweep."""
+    monkeypatch.setattr(_exit_schedule, "EXACT_PER_TICK", 0)  # only sweeps see exits
+    schedule = IdentitySchedule(threaded=False)
+    seen: list[str] = []
+    _fillers(schedule, 10_000, seen)
+    first, second = non_child(), non_child()
+    for name, proc in (("first", first), ("second", second)):
+        schedule.add(proc.pid, start_time(proc.pid), lambda n=name: seen.append(n))
+    assert schedule.check_now() == 0  # the first round checks everything exactly
+    for proc in (first, second):
+        _kill(proc)
+        proc.reap()
+        assert schedule.check_now() == 1
+    assert seen == ["first", "second"]
+    assert schedule.stats["held"] == 0
+
+
+def test_only_sweeps_that_find_no_watched_exit_spend_the_budget(
+    non_child: type[NonChild], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget caps the sweeps the rest of the machine causes: watched
+    processes that keep exiting are each seen at the next round, while a
+    change that is not theirs spends the credit and the next one waits."""
+    monkeypatch.setattr(_exit_schedule, "EXACT_PER_TICK", 0)  # only sweeps see exits
+    schedule = IdentitySchedule(threaded=False)
+    seen: list[str] = []
+    _fillers(schedule, 1000, seen)
+    procs = [non_child() for _ in range(3)]
+    for i, proc in enumerate(procs):
+        schedule.add(proc.pid, start_time(proc.pid), lambda i=i: seen.append(f"exit {i}"))
+    assert schedule.check_now() == 0  # the first round checks everything exactly
+    schedule._credit = 1e-9  # enough for one sweep, whatever it costs...
+    schedule._credit_at = float("inf")  # ...and none is earned back
+    for proc in procs:
+        _kill(proc)
+        proc.reap()
+        assert schedule.check_now() == 1
+    assert seen == ["exit 0", "exit 1", "exit 2"]
+    assert schedule.stats["held"] == 0
+    subprocess.run(["true"], check=True)  # a process of the machine's comes and goes
+    assert schedule.check_now() == 0  # swept with the credit left...
+    subprocess.run(["true"], check=True)
+    assert schedule.check_now() == 0
+    assert schedule.stats["held"] == 1  # ...which that sweep spent
 
 
 def test_an_unreaped_zombie_is_seen_by_the_checks_in_turn(target: NonChild) -> None:

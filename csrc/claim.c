@@ -66,7 +66,7 @@ static const uint32_t crc_table[256] = {
 
 /* Continues zlib's crc32 (Python's zlib.crc32(data, crc)); the head's CRC
  * comes precomputed from Python, so this runs over the timestamp only. */
-static uint32_t crc32_update(uint32_t crc, const char *data, size_t len)
+PYLOCK_HOT static uint32_t crc32_update(uint32_t crc, const char *data, size_t len)
 {
     crc = ~crc;
     for (size_t i = 0; i < len; i++)
@@ -75,7 +75,7 @@ static uint32_t crc32_update(uint32_t crc, const char *data, size_t len)
 }
 
 /* Microseconds since the Unix epoch, UTC. */
-static uint64_t now_us(void)
+PYLOCK_HOT static uint64_t now_us(void)
 {
 #if defined(_WIN32)
     FILETIME ft;
@@ -90,7 +90,7 @@ static uint64_t now_us(void)
 }
 
 /* "<seconds>.<6 digits>}" into out; returns its length. */
-static size_t format_stamp(char *out, uint64_t us)
+PYLOCK_HOT static size_t format_stamp(char *out, uint64_t us)
 {
     char digits[24];
     size_t n = 0, len = 0;
@@ -115,7 +115,7 @@ static const char record_magic[] = "pylock-record v1 ";
 #define MAGIC_LEN (sizeof record_magic - 1)
 
 /* "pylock-record v1 <len> <crc as 8 hex digits>\n" into out; its length. */
-static size_t format_header(char *out, size_t payload_len, uint32_t crc)
+PYLOCK_HOT static size_t format_header(char *out, size_t payload_len, uint32_t crc)
 {
     static const char hex[] = "0123456789abcdef";
     char digits[24];
@@ -135,7 +135,7 @@ static size_t format_header(char *out, size_t payload_len, uint32_t crc)
 }
 
 /* Writes the record; *written gets its length. */
-static int write_record(pl_handle h, const char *head, size_t head_len, uint32_t head_crc,
+PYLOCK_HOT static int write_record(pl_handle h, const char *head, size_t head_len, uint32_t head_crc,
                         size_t *written)
 {
     char stamp[32], header[64], small[1024];
@@ -162,7 +162,7 @@ static int write_record(pl_handle h, const char *head, size_t head_len, uint32_t
  * pylock record.  Any other file is someone's data and is never written.
  * Size 0 and the size this lock file's own last record left are answered
  * without a read (the uncontended path); otherwise the first bytes tell. */
-static int record_allowed(const pl_lockfile *lf, uint64_t size)
+PYLOCK_HOT static int record_allowed(const pl_lockfile *lf, uint64_t size)
 {
     char first[MAGIC_LEN];
     size_t got = 0;
@@ -183,7 +183,7 @@ static int record_allowed(const pl_lockfile *lf, uint64_t size)
  * inode proves it linked; lf->st holds the file's identity from its open.
  * Windows passes no path (an open lock file cannot be renamed there) and
  * asks the handle, which reports a deleted file as having no links. */
-static int still_at_path(pl_lockfile *lf, uint64_t *size, int *err)
+PYLOCK_HOT static int still_at_path(pl_lockfile *lf, uint64_t *size, int *err)
 {
     *err = 0;
 #if !defined(_WIN32)
@@ -195,7 +195,7 @@ static int still_at_path(pl_lockfile *lf, uint64_t *size, int *err)
     return *err == 0 && lf->st.nlink > 0;
 }
 
-int pl_claim(pl_lockfile *lf)
+PYLOCK_HOT int pl_claim(pl_lockfile *lf)
 {
     int err;
     uint64_t size = 0;
@@ -222,7 +222,7 @@ int pl_claim(pl_lockfile *lf)
     return -lf->record_error;
 }
 
-int pl_acquire(pl_lockfile *lf, uintptr_t token)
+PYLOCK_HOT int pl_acquire(pl_lockfile *lf, uintptr_t token)
 {
     int rc = pl_own(lf, token, 0);
     if (rc != 0)
@@ -237,7 +237,7 @@ int pl_acquire(pl_lockfile *lf, uintptr_t token)
     return pl_claim(lf);
 }
 
-int pl_lock_wait_claim(pl_lockfile *lf, int64_t timeout_ns, pl_waiter *w, int *claim_rc)
+PYLOCK_HOT int pl_lock_wait_claim(pl_lockfile *lf, int64_t timeout_ns, pl_waiter *w, int *claim_rc)
 {
     int rc = pl_lock_wait(lf->handle, lf->shared, timeout_ns, w);
     if (rc == 0)

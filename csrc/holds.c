@@ -55,7 +55,7 @@ static unsigned bit_length(uint64_t d)
 #endif
 }
 
-int pl_release(pl_lockfile *lf)
+PYLOCK_HOT int pl_release(pl_lockfile *lf)
 {
     pl_hold_stats *holds = lf->holds;
     int64_t since = lf->held_since;

@@ -194,7 +194,7 @@ int pl_close(pl_handle h)
  * matters: since Linux 6.13 a stat that reports ctime makes the next write
  * take a fine-grained timestamp and dirty the inode, which doubled the cost
  * of writing the record on every acquisition. */
-static int statx_at(int dirfd, const char *path, int flags, pl_file_info *out)
+PYLOCK_HOT static int statx_at(int dirfd, const char *path, int flags, pl_file_info *out)
 {
     struct statx sx;
     if (statx(dirfd, path, flags, STATX_INO | STATX_NLINK | STATX_SIZE, &sx) != 0)
@@ -230,7 +230,7 @@ int pl_file_stat(pl_handle h, pl_file_info *out)
     return 0;
 }
 
-int pl__same_file_at(const char *path, const pl_file_info *st, uint64_t *size)
+PYLOCK_HOT int pl__same_file_at(const char *path, const pl_file_info *st, uint64_t *size)
 {
     pl_file_info now;
     struct stat ps;
@@ -275,7 +275,7 @@ static int flock_op(int shared)
     return shared ? LOCK_SH : LOCK_EX;
 }
 
-int pl_try_lock(pl_handle h, int shared)
+PYLOCK_HOT int pl_try_lock(pl_handle h, int shared)
 {
     for (;;) {
         if (flock((int)h, flock_op(shared) | LOCK_NB) == 0)
@@ -285,7 +285,7 @@ int pl_try_lock(pl_handle h, int shared)
     }
 }
 
-int pl_unlock(pl_handle h)
+PYLOCK_HOT int pl_unlock(pl_handle h)
 {
     for (;;) {
         if (flock((int)h, LOCK_UN) == 0)
@@ -295,7 +295,7 @@ int pl_unlock(pl_handle h)
     }
 }
 
-int pl_write_record(pl_handle h, const char *buf, size_t len)
+PYLOCK_HOT int pl_write_record(pl_handle h, const char *buf, size_t len)
 {
     size_t done = 0;
     while (done < len) {

@@ -45,7 +45,7 @@ static int swap_word(uintptr_t *word, uintptr_t *seen, uintptr_t want)
 }
 #endif
 
-int pl_own(pl_lockfile *lf, uintptr_t token, int waiting)
+PYLOCK_HOT int pl_own(pl_lockfile *lf, uintptr_t token, int waiting)
 {
     uintptr_t seen;
     if (token == 0 || (token & WAITING))
@@ -66,7 +66,7 @@ int pl_own(pl_lockfile *lf, uintptr_t token, int waiting)
     }
 }
 
-int pl_disown(pl_lockfile *lf, uintptr_t token, int unlock)
+PYLOCK_HOT int pl_disown(pl_lockfile *lf, uintptr_t token, int unlock)
 {
     uintptr_t seen = load_word(&lf->owner);
     if (token == 0 || (seen & ~WAITING) != token)

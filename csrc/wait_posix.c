@@ -63,7 +63,7 @@ static int is_free(const struct sigaction *sa)
     return !(sa->sa_flags & SA_SIGINFO) && sa->sa_handler == SIG_DFL;
 }
 
-static int still_ours(int sig)
+PYLOCK_HOT static int still_ours(int sig)
 {
     struct sigaction cur;
     return sig > 0 && sigaction(sig, NULL, &cur) == 0 && is_ours(&cur);
@@ -91,7 +91,7 @@ static int candidate(int i)
 #endif
 }
 
-int pl_wake_signal(void)
+PYLOCK_HOT int pl_wake_signal(void)
 {
     int sig = atomic_load(&wake_sig);
     struct sigaction cur;
@@ -147,12 +147,12 @@ struct pl_waiter {
 #endif
 };
 
-static void now_monotonic(struct timespec *ts)
+PYLOCK_HOT static void now_monotonic(struct timespec *ts)
 {
     clock_gettime(CLOCK_MONOTONIC, ts);
 }
 
-static int deadline_passed(const pl_waiter *w)
+PYLOCK_HOT static int deadline_passed(const pl_waiter *w)
 {
     struct timespec now;
     if (!w->has_deadline)
@@ -225,7 +225,7 @@ static int arm_timer(pl_waiter *w, int64_t first_ns)
     return timer_settime(w->timer, 0, &its, NULL) == 0 ? 0 : errno;
 }
 
-static void disarm(pl_waiter *w)
+PYLOCK_HOT static void disarm(pl_waiter *w)
 {
     if (w->has_timer) {
         timer_delete(w->timer);
@@ -279,7 +279,7 @@ static int arm_timer(pl_waiter *w, int64_t first_ns)
     return err;
 }
 
-static void disarm(pl_waiter *w)
+PYLOCK_HOT static void disarm(pl_waiter *w)
 {
     if (w->has_timer) {
         pthread_t t = w->interrupter;
@@ -292,7 +292,7 @@ static void disarm(pl_waiter *w)
 }
 #endif
 
-int pl__wait_begin(pl_waiter *w, int64_t timeout_ns)
+PYLOCK_HOT int pl__wait_begin(pl_waiter *w, int64_t timeout_ns)
 {
     int sig = pl_wake_signal();
     int err = 0;
@@ -337,7 +337,7 @@ int pl__wait_begin(pl_waiter *w, int64_t timeout_ns)
     return 0;
 }
 
-int pl__wait_end(pl_waiter *w, int rc, int saved_errno)
+PYLOCK_HOT int pl__wait_end(pl_waiter *w, int rc, int saved_errno)
 {
     int timed_out = deadline_passed(w);
     pthread_mutex_lock(&w->mu);
@@ -378,7 +378,7 @@ int pl_waiter_cancel(pl_waiter *w)
     return rc;
 }
 
-int pl_lock_wait(pl_handle h, int shared, int64_t timeout_ns, pl_waiter *w)
+PYLOCK_HOT int pl_lock_wait(pl_handle h, int shared, int64_t timeout_ns, pl_waiter *w)
 {
     int rc, err;
     if ((rc = pl__wait_begin(w, timeout_ns)) != 0)

@@ -123,6 +123,7 @@ class LoopWait:
     """
 
     __slots__ = (
+        "_cancelled",
         "_gate",
         "_loop",
         "_mu",
@@ -154,7 +155,8 @@ class LoopWait:
         # its task cannot see yet must not take anything.
         self._gate = threading.Lock()
         self._gate.acquire()
-        waiter = self._waiter = new_waiter()
+        self._cancelled = False  # pl_waiter_cancel was called: the waiter is spent
+        waiter = self._waiter = _spare_waiters.pop() if _spare_waiters else new_waiter()
 
         def run() -> None:
             _block_signals()
@@ -181,6 +183,7 @@ class LoopWait:
     def _finished(self, rc: int) -> None:
         with self._mu:
             waiter, self._waiter = self._waiter, None
+            reusable = not self._cancelled
         try:
             if self.decided.setdefault("by", "thread") == "thread":
                 try:
@@ -192,7 +195,12 @@ class LoopWait:
                     pass
             self._on_orphan(rc)
         finally:
-            lib.pl_waiter_free(waiter)
+            # Kept for the next wait rather than freed: a C call here would
+            # hand the GIL to the woken loop and then wait to take it back.
+            if reusable and len(_spare_waiters) < _SPARE_WAITERS:
+                _spare_waiters.append(waiter)
+            else:
+                lib.pl_waiter_free(waiter)
 
     def ended(self) -> asyncio.Future[int]:
         """A future for the wait's result: self.future, or a new one when a
@@ -213,6 +221,7 @@ class LoopWait:
         with self._mu:
             if self._waiter is None:
                 return True  # over: the thread delivers (nobody has given up)
+            self._cancelled = True
             return lib.pl_waiter_cancel(self._waiter) == 0
 
     def abandon(self) -> bool:
@@ -228,8 +237,15 @@ class LoopWait:
             if self._waiter is not None:
                 # Interrupts the wait, or (the program took pylock's
                 # signal) lets it end with the grant, given back.
+                self._cancelled = True
                 lib.pl_waiter_cancel(self._waiter)
         return orphaned
+
+
+# Waiters of LoopWait threads whose waits were never cancelled (a cancel
+# leaves its mark on a waiter), kept for the next LoopWait.
+_spare_waiters: list[Any] = []
+_SPARE_WAITERS = 16
 
 
 def _deliver(wait: LoopWait, rc: int) -> None:
@@ -250,7 +266,16 @@ def _block_signals() -> None:
     if hasattr(_signal, "pthread_sigmask"):
         if _all_signals is None:
             _all_signals = _signal.valid_signals()
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, _all_signals)
+        # All but pylock's own wake signal, which the C core would otherwise
+        # unblock for the wait and block again after it, a syscall between
+        # the grant and the hand-over.  Nothing sends it to this thread once
+        # its wait is over (pl_waiter_cancel signals active waits only).
+        wake = lib.pl_wake_signal()
+        blocked = _blocked_by_wake.get(wake)
+        if blocked is None:
+            blocked = _blocked_by_wake[wake] = _all_signals - {wake}
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, blocked)
 
 
 _all_signals: Any = None
+_blocked_by_wake: dict[int, Any] = {}

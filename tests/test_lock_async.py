@@ -121,6 +121,32 @@ def test_a_waiting_task_whose_file_is_unlinked_locks_the_file_now_at_the_path(
     asyncio.run(main())
 
 
+def test_wait_threads_block_every_signal_of_the_program(lock_path: str) -> None:
+    """A pylock wait thread takes none of the program's signals: all are
+    blocked in it but pylock's own wake signal, which ends the wait."""
+    from pylock._native import lib
+
+    async def main() -> int:
+        holder, waiter = pylock.Lock(lock_path), pylock.Lock(lock_path)
+        holder.acquire()
+        waiting = asyncio.ensure_future(waiter.acquire_async())
+        await until_blocked(lock_path, os.getpid())
+        (thread,) = [t for t in threading.enumerate() if t.name.startswith("pylock wait")]
+        with open(f"/proc/self/task/{thread.native_id}/status") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        holder.release()
+        await asyncio.wait_for(waiting, 10)
+        waiter.release()
+        return int(fields["SigBlk"], 16)
+
+    blocked = asyncio.run(main())
+    wake = lib.pl_wake_signal()
+    unblockable = {signal.SIGKILL, signal.SIGSTOP}
+    expected = {int(s) for s in signal.valid_signals()} - unblockable - {wake}
+    assert wake > 0
+    assert {n for n in range(1, 65) if blocked >> (n - 1) & 1} == expected
+
+
 def test_two_tasks_on_one_lock_object_take_turns(lock_path: str) -> None:
     async def main() -> None:
         lock = pylock.Lock(lock_path)

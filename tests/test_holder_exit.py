@@ -35,6 +35,7 @@ from pylock._exit import ProcessExit
 from tests.support import env_with_repo, pidns
 from tests.support.children import HolderProcess, NonChild, Sleeper, sleep_processes
 from tests.support.kernel_locks import open_fds
+from tests.support.procs import wait_threads_end
 
 PINNING = _process.pinning_available()
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -340,15 +341,6 @@ def _helpers_end() -> None:
             assert not thread.is_alive(), f"{thread.name} still runs with nothing watched"
 
 
-def _waits_end() -> None:
-    """A cancelled wait in a pylock thread is interrupted without blocking the
-    loop; its thread lets go of the descriptor as it ends, a moment later."""
-    for thread in threading.enumerate():
-        if thread.name.startswith("pylock wait"):
-            thread.join(timeout=10)
-            assert not thread.is_alive(), f"{thread.name} goes on after its wait was cancelled"
-
-
 def _selector_size(loop: asyncio.AbstractEventLoop) -> int:
     """Readers registered with the loop (uvloop does not show them: -1)."""
     selector = getattr(loop, "_selector", None)
@@ -383,7 +375,7 @@ def test_cancellation_and_timeouts_leak_nothing(
         # mid-count (that would read as "closed someone else's descriptor"),
         # nor the warm-up's wait thread, which closes its own as it ends.
         gc.collect()
-        _waits_end()
+        wait_threads_end()
         fds, readers, threads = open_fds(), _selector_size(loop), _threads()
         for _ in range(rounds):
             task = await started(holder_exit(watched()))
@@ -395,7 +387,7 @@ def test_cancellation_and_timeouts_leak_nothing(
                 await holder_exit(watched(), timeout=0.0005)
         for _ in range(rounds):
             assert wait_exit(watched(), timeout=0) is False
-        _waits_end()
+        wait_threads_end()
         assert _threads() == threads
         assert _selector_size(loop) == readers
         _helpers_end()

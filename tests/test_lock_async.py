@@ -22,7 +22,7 @@ from tests.support.kernel_locks import (
     until_blocked,
     wait_blocked,
 )
-from tests.support.procs import wakeups
+from tests.support.procs import wait_threads_end, wakeups
 
 # -- helpers ---------------------------------------------------------------
 
@@ -320,6 +320,7 @@ def test_200_timed_out_and_200_cancelled_waits_leak_nothing(lock_path: str, spaw
         locked = lock.locked
         lock.close()
         gc.collect()
+        wait_threads_end()  # they end by themselves, a moment after the cancel
         return {
             "timed_out": timed_out,
             "cancelled": cancelled,

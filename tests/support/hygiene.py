@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import pylock
+from tests.support.procs import wait_threads_end
 
 
 def fds() -> int:
@@ -40,6 +41,7 @@ def rss() -> int:
 
 def snapshot() -> dict[str, int]:
     gc.collect()
+    wait_threads_end()
     return {
         "fds": fds(),
         "threads": threads(),

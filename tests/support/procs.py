@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from typing import Any
 
 from tests.support.children import Script
@@ -179,3 +181,19 @@ def in_child(fn: Any, timeout: float = 30.0, user: tuple[int, int] | None = None
         os.close(r)
         os.waitpid(pid, 0)
     return dict(json.loads(b"".join(chunks)))
+
+
+def wait_threads_end(timeout: float = 10.0) -> None:
+    """pylock's wait threads end by themselves just after handing over their
+    result, and nobody joins them: wait for them, then for the kernel to drop
+    their tasks from /proc, a moment after a thread's Python part is over
+    (nothing notifies the exit of a detached thread: a bounded poll)."""
+    for thread in threading.enumerate():
+        if thread.name.startswith("pylock wait"):
+            thread.join(timeout)
+            assert not thread.is_alive(), f"{thread.name} goes on after its wait ended"
+    deadline = time.monotonic() + timeout
+    while len(os.listdir("/proc/self/task")) > threading.active_count():
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.001)

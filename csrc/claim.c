@@ -135,8 +135,8 @@ PYLOCK_HOT static size_t format_header(char *out, size_t payload_len, uint32_t c
 }
 
 /* Writes the record; *written gets its length. */
-PYLOCK_HOT static int write_record(pl_handle h, const char *head, size_t head_len, uint32_t head_crc,
-                        size_t *written)
+PYLOCK_HOT static int write_record(pl_handle h, const char *head, size_t head_len,
+                                   uint32_t head_crc, size_t *written)
 {
     char stamp[32], header[64], small[1024];
     size_t stamp_len = format_stamp(stamp, now_us());
@@ -237,7 +237,8 @@ PYLOCK_HOT int pl_acquire(pl_lockfile *lf, uintptr_t token)
     return pl_claim(lf);
 }
 
-PYLOCK_HOT int pl_lock_wait_claim(pl_lockfile *lf, int64_t timeout_ns, pl_waiter *w, int *claim_rc)
+PYLOCK_HOT int pl_lock_wait_claim(pl_lockfile *lf, int64_t timeout_ns, pl_waiter *w,
+                                  int *claim_rc)
 {
     int rc = pl_lock_wait(lf->handle, lf->shared, timeout_ns, w);
     if (rc == 0)

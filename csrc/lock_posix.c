@@ -194,7 +194,8 @@ int pl_close(pl_handle h)
  * matters: since Linux 6.13 a stat that reports ctime makes the next write
  * take a fine-grained timestamp and dirty the inode, which doubled the cost
  * of writing the record on every acquisition. */
-PYLOCK_HOT static int statx_at(int dirfd, const char *path, int flags, pl_file_info *out)
+PYLOCK_HOT static int statx_at(int dirfd, const char *path, int flags,
+                                pl_file_info *out)
 {
     struct statx sx;
     if (statx(dirfd, path, flags, STATX_INO | STATX_NLINK | STATX_SIZE, &sx) != 0)
@@ -230,7 +231,8 @@ int pl_file_stat(pl_handle h, pl_file_info *out)
     return 0;
 }
 
-PYLOCK_HOT int pl__same_file_at(const char *path, const pl_file_info *st, uint64_t *size)
+PYLOCK_HOT int pl__same_file_at(const char *path, const pl_file_info *st,
+                                uint64_t *size)
 {
     pl_file_info now;
     struct stat ps;

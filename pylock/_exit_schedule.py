@@ -18,9 +18,10 @@ asks the kernel for as little as it can:
    also checks EXACT_PER_TICK watches exactly, in turn.
 
 On a quiet machine a round is step 1 and 3 only: about 0.2 ms with 10,000
-watches, 0.2% of a core.  Step 2 costs about 0.2 us per watch (2 ms for
-10,000), and on a busy machine (processes started and reaped all the time)
-the fingerprint changes at every tick; step 2 is then held to SWEEP_BUDGET
+watches, 0.2% of a core.  Step 2 costs 0.15-0.6 us per watch (1.5-6 ms for
+10,000: the kernel's lookups of distinct processes miss its caches), and on
+a busy machine (processes started and reaped all the time) the fingerprint
+changes at every tick; step 2 is then held to SWEEP_BUDGET
 of a core on average, through a credit of CPU time: it earns SWEEP_BUDGET
 per second, up to SWEEP_BURST seconds' worth, and each sweep spends what it
 cost, unless it found a watched process gone: the budget is for sweeps the

@@ -156,7 +156,11 @@ class LoopWait:
         self._gate = threading.Lock()
         self._gate.acquire()
         self._cancelled = False  # pl_waiter_cancel was called: the waiter is spent
-        waiter = self._waiter = _spare_waiters.pop() if _spare_waiters else new_waiter()
+        try:  # one call: loops in other threads take spares too
+            waiter = _spare_waiters.pop()
+        except IndexError:
+            waiter = new_waiter()
+        self._waiter = waiter
 
         def run() -> None:
             _block_signals()

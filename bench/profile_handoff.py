@@ -33,9 +33,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
+
+Steps = dict[str, list[float]]
+Events = list[tuple[float, int, str, str]]
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
+RECORD = b"x" * 480  # about as long as pylock's record
+LIBS = ("pylock", "floor")
 EVENTS = ",".join(
     [
         "sched:sched_waking",
@@ -66,45 +72,29 @@ STEPS = [
 def pair(lib: str, path: str, trials: int, block: tuple[float, float]) -> None:
     """The traced program: holder (this process) and waiter (a fork)."""
     sys.path.insert(0, REPO)
-    import fcntl
-
-    record = b"x" * 480
-
-    def make() -> tuple[object, object]:
-        if lib == "pylock":
-            import pylock
-
-            lock = pylock.Lock(path)
-            return lock.acquire, lock.release
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-
-        def acquire() -> None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.pwrite(fd, record, 0)
-
-        return acquire, (lambda: fcntl.flock(fd, fcntl.LOCK_UN))
+    import _libs
 
     go_r, go_w = os.pipe()
     back_r, back_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        acquire, release = make()
+        acquire, release = _libs.sync_lock(lib, path, RECORD)
         while os.read(go_r, 1) == b"g":
             os.write(back_w, b"r")
-            acquire()  # type: ignore[operator]
+            acquire()
             os.getppid()  # marker: acquire() returned
-            release()  # type: ignore[operator]
+            release()
             os.write(back_w, b"d")
         os._exit(0)
     print("pids", os.getpid(), pid, flush=True)
-    acquire, release = make()
+    acquire, release = _libs.sync_lock(lib, path, RECORD)
     for _ in range(trials):
-        acquire()  # type: ignore[operator]
+        acquire()
         os.write(go_w, b"g")
         os.read(back_r, 1)
         time.sleep(random.uniform(*block) / 1000)
         os.getpgid(0)  # marker: release() called
-        release()  # type: ignore[operator]
+        release()
         os.read(back_r, 1)
     os.write(go_w, b"q")
     os.waitpid(pid, 0)
@@ -166,8 +156,17 @@ def analyse(
     return steps, note
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def profile(
+    doc: str,
+    script: str,
+    events: str,
+    steps: Sequence[tuple[str, str, str]],
+    pair: Callable[[str, str, int, tuple[float, float]], None],
+    analyse: Callable[[Events, int, int], tuple[Steps, str]],
+) -> int:
+    """Run script's traced program for each of LIBS under perf, print the
+    median of each step side by side (this tool and profile_handoff_async.py)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--trials", type=int, default=40)
     ap.add_argument("--block-ms", type=float, nargs=2, default=(20.0, 50.0))
     ap.add_argument("--pair", nargs=2, metavar=("LIB", "PATH"), help=argparse.SUPPRESS)
@@ -179,34 +178,39 @@ def main() -> int:
     if perf is None or os.geteuid() != 0:
         print("needs root and perf (linux-perf)", file=sys.stderr)
         return 2
-    results: dict[str, tuple[dict[str, list[float]], str]] = {}
+    results: dict[str, tuple[Steps, str]] = {}
     with tempfile.TemporaryDirectory(prefix="pylock-handoff-") as tmp:
-        for lib in ("pylock", "floor"):
+        for lib in LIBS:
             data = os.path.join(tmp, f"{lib}.data")
-            cmd = [sys.executable, os.path.abspath(__file__), "--trials", str(args.trials)]
+            cmd = [sys.executable, os.path.abspath(script), "--trials", str(args.trials)]
             cmd += ["--block-ms", *map(str, args.block_ms), "--pair", lib, f"{tmp}/{lib}.lock"]
-            record = [perf, "record", "-q", "-a", "-k", "CLOCK_MONOTONIC", "-e", EVENTS]
+            record = [perf, "record", "-q", "-a", "-k", "CLOCK_MONOTONIC", "-e", events]
             traced = subprocess.run(
                 [*record, "-o", data, "--", *cmd], check=True, capture_output=True, text=True
             )
             pids = next(line.split() for line in traced.stdout.splitlines() if line[:4] == "pids")
-            script = subprocess.run(
+            trace = subprocess.run(
                 [perf, "script", "-i", data, "-F", "comm,pid,tid,cpu,time,event,trace"],
                 check=True,
                 capture_output=True,
                 text=True,
             ).stdout
-            results[lib] = analyse(parse(script), int(pids[1]), int(pids[2]))
-    print(f"{'step (median µs, tracepoints included)':52s} {'pylock':>9s} {'floor':>9s}")
-    for _, _, label in STEPS:
+            results[lib] = analyse(parse(trace), int(pids[1]), int(pids[2]))
+    width = max(len(label) for _, _, label in steps)
+    print(f"{'step (median µs, tracepoints included)':{width}s} {'pylock':>9s} {'floor':>9s}")
+    for _, _, label in steps:
         cells = []
-        for lib in ("pylock", "floor"):
+        for lib in LIBS:
             xs = results[lib][0].get(label)
             cells.append(f"{statistics.median(xs):9.1f}" if xs else f"{'-':>9s}")
-        print(f"{label:52s} {cells[0]} {cells[1]}")
-    for lib in ("pylock", "floor"):
+        print(f"{label:{width}s} {cells[0]} {cells[1]}")
+    for lib in LIBS:
         print(f"{lib}: {results[lib][1]}")
     return 0
+
+
+def main() -> int:
+    return profile(__doc__ or "", __file__, EVENTS, STEPS, pair, analyse)
 
 
 if __name__ == "__main__":

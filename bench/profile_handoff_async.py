@@ -21,21 +21,13 @@ columns, not absolute values, with run.py's figures.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import fcntl
 import os
 import random
-import shutil
-import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-from typing import Any, Callable
 
-import profile_handoff
+from profile_handoff import RECORD, REPO, Events, Steps, profile
 
 EVENTS = ",".join(
     [
@@ -61,75 +53,34 @@ STEPS = [
     ("flock_ret", "done", "waiter: flock returned -> acquire_async returned"),
     ("release", "done", "total: release() called -> acquire_async returned"),
 ]
-RECORD = b"x" * 480
-
-
-def _floor_async(path: str, loop: asyncio.AbstractEventLoop) -> tuple[Any, Any]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-
-    async def acquire() -> None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pass
-        else:
-            os.pwrite(fd, RECORD, 0)
-            return
-        done = loop.create_future()
-
-        def in_thread() -> None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.pwrite(fd, RECORD, 0)
-            loop.call_soon_threadsafe(done.set_result, None)
-
-        threading.Thread(target=in_thread, daemon=True).start()
-        await done
-
-    return acquire, (lambda: fcntl.flock(fd, fcntl.LOCK_UN))
-
-
-def _floor_sync(path: str) -> tuple[Callable[[], object], Callable[[], object]]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-
-    def acquire() -> None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.pwrite(fd, RECORD, 0)
-
-    return acquire, (lambda: fcntl.flock(fd, fcntl.LOCK_UN))
 
 
 def pair(lib: str, path: str, trials: int, block: tuple[float, float]) -> None:
-    """The traced program: holder (this process) and waiter (a fork)."""
-    sys.path.insert(0, profile_handoff.REPO)
-    import pylock
+    """The traced program: holder (this process, a blocking lock as in
+    run.py's async rows) and waiter (a fork, in its event loop)."""
+    sys.path.insert(0, REPO)
+    import _libs
 
     go_r, go_w = os.pipe()
     back_r, back_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         loop = asyncio.new_event_loop()
-        if lib == "pylock":
-            lock = pylock.Lock(path)
-            acquire, release = lock.acquire_async, lock.release
-        else:
-            acquire, release = _floor_async(path, loop)
+        asyncio.set_event_loop(loop)
+        acquire, release = _libs.async_lock(f"{lib}-async", path, RECORD)
 
         async def one() -> None:
             os.write(back_w, b"r")
             await acquire()
             os.getppid()  # marker: acquire_async returned
-            release()
+            await release()
 
         while os.read(go_r, 1) == b"g":
             loop.run_until_complete(one())
             os.write(back_w, b"d")
         os._exit(0)
     print("pids", os.getpid(), pid, flush=True)
-    if lib == "pylock":
-        holder = pylock.Lock(path)
-        hold, let_go = holder.acquire, holder.release
-    else:
-        hold, let_go = _floor_sync(path)
+    hold, let_go = _libs.sync_lock(lib, path, RECORD)
     for _ in range(trials):
         hold()
         os.write(go_w, b"g")
@@ -142,9 +93,7 @@ def pair(lib: str, path: str, trials: int, block: tuple[float, float]) -> None:
     os.waitpid(pid, 0)
 
 
-def analyse(
-    events: list[tuple[float, int, str, str]], holder: int, waiter: int
-) -> dict[str, list[float]]:
+def analyse(events: Events, holder: int, waiter: int) -> tuple[Steps, str]:
     trials: list[dict[str, float]] = []
     cur: dict[str, float] | None = None
     for t, pid, ev, rest in events:
@@ -171,53 +120,16 @@ def analyse(
                 name = "epoll2" if "epoll" in cur else "epoll"
         if name is not None and name not in cur:
             cur[name] = t
-    steps: dict[str, list[float]] = {}
+    steps: Steps = {}
     for a, b, label in STEPS:
         xs = [c[b] - c[a] for c in trials if a in c and b in c and c[b] >= c[a]]
         if xs:
             steps[label] = xs
-    return steps
+    return steps, f"{len(trials)} trials"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--trials", type=int, default=40)
-    ap.add_argument("--block-ms", type=float, nargs=2, default=(20.0, 50.0))
-    ap.add_argument("--pair", nargs=2, metavar=("LIB", "PATH"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.pair:
-        pair(args.pair[0], args.pair[1], args.trials, tuple(args.block_ms))
-        return 0
-    perf = shutil.which("perf")
-    if perf is None or os.geteuid() != 0:
-        print("needs root and perf (linux-perf)", file=sys.stderr)
-        return 2
-    results: dict[str, dict[str, list[float]]] = {}
-    with tempfile.TemporaryDirectory(prefix="pylock-handoff-") as tmp:
-        for lib in ("pylock", "floor"):
-            data = os.path.join(tmp, f"{lib}.data")
-            cmd = [sys.executable, os.path.abspath(__file__), "--trials", str(args.trials)]
-            cmd += ["--block-ms", *map(str, args.block_ms), "--pair", lib, f"{tmp}/{lib}.lock"]
-            record = [perf, "record", "-q", "-a", "-k", "CLOCK_MONOTONIC", "-e", EVENTS]
-            traced = subprocess.run(
-                [*record, "-o", data, "--", *cmd], check=True, capture_output=True, text=True
-            )
-            pids = next(line.split() for line in traced.stdout.splitlines() if line[:4] == "pids")
-            script = subprocess.run(
-                [perf, "script", "-i", data, "-F", "comm,pid,tid,cpu,time,event,trace"],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            results[lib] = analyse(profile_handoff.parse(script), int(pids[1]), int(pids[2]))
-    print(f"{'step (median µs, tracepoints included)':56s} {'pylock':>9s} {'floor':>9s}")
-    for _, _, label in STEPS:
-        cells = []
-        for lib in ("pylock", "floor"):
-            xs = results[lib].get(label)
-            cells.append(f"{statistics.median(xs):9.1f}" if xs else f"{'-':>9s}")
-        print(f"{label:56s} {cells[0]} {cells[1]}")
-    return 0
+    return profile(__doc__ or "", __file__, EVENTS, STEPS, pair, analyse)
 
 
 if __name__ == "__main__":

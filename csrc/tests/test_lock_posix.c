@@ -241,6 +241,18 @@ static void test_holder_death(void)
     close(ready[1]);
 }
 
+/* lf as a Lock builds it for descriptor h on path, with its record head
+ * (or none); returns pl_file_stat's code (the file's identity at open). */
+static int lockfile_on(pl_lockfile *lf, pl_handle h, const char *path, const char *head)
+{
+    memset(lf, 0, sizeof *lf);
+    lf->handle = h;
+    lf->path = path;
+    lf->head = head;
+    lf->head_len = head != NULL ? strlen(head) : 0;
+    return pl_file_stat(h, &lf->st);
+}
+
 /* One attempt at a time owns a lock file; giving it back unlocks it and
  * says whether anyone waits; an attempt that does not own it changes nothing. */
 static void test_owner(void)
@@ -249,10 +261,7 @@ static void test_owner(void)
     pl_handle a = open_lock(p), b = open_lock(p);
     const uintptr_t first = 32, second = 48;
     pl_lockfile lf;
-    memset(&lf, 0, sizeof lf);
-    lf.handle = a;
-    lf.path = p;
-    CHECK(pl_file_stat(a, &lf.st) == 0);
+    CHECK(lockfile_on(&lf, a, p, NULL) == 0);
     CHECK(pl_own(&lf, 0, 0) == EINVAL && pl_own(&lf, 33, 0) == EINVAL);
     CHECK(pl_acquire(&lf, first) == 0);
     CHECK(pl_own(&lf, first, 0) == 0); /* already its own */
@@ -290,13 +299,8 @@ static void test_claim(void)
     pl_handle a = open_lock(p), b = open_lock(p);
     const char head[] = "{\"pid\":1,\"acquired_at\":";
     pl_lockfile lf;
-    memset(&lf, 0, sizeof lf);
-    lf.handle = a;
-    lf.path = p;
-    lf.head = head;
-    lf.head_len = sizeof head - 1;
+    CHECK(lockfile_on(&lf, a, p, head) == 0);
     lf.head_crc = 0x12345678; /* any value: the header must carry crc over it */
-    CHECK(pl_file_stat(a, &lf.st) == 0);
     CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.record_error == 0);
     CHECK(pl_try_lock(b, 0) == EWOULDBLOCK);
     char buf[256];
@@ -364,12 +368,7 @@ static void test_lock_wait_claim(void)
     char buf[64];
     size_t n = 0;
     pl_lockfile lf;
-    memset(&lf, 0, sizeof lf);
-    lf.handle = a;
-    lf.path = p;
-    lf.head = head;
-    lf.head_len = sizeof head - 1;
-    CHECK(w != NULL && pl_file_stat(a, &lf.st) == 0);
+    CHECK(w != NULL && lockfile_on(&lf, a, p, head) == 0);
     CHECK(pl_try_lock(b, 0) == 0);
     CHECK(pl_lock_wait_claim(&lf, 0, w, &claim_rc) == ETIMEDOUT && claim_rc == 12345);
     CHECK(pl_unlock(b) == 0);
@@ -397,10 +396,7 @@ static void test_timed_holds(void)
     pl_hold_stats holds;
     pl_lockfile lf;
     memset(&holds, 0, sizeof holds);
-    memset(&lf, 0, sizeof lf);
-    lf.handle = a;
-    lf.path = p;
-    CHECK(pl_file_stat(a, &lf.st) == 0);
+    CHECK(lockfile_on(&lf, a, p, NULL) == 0);
 
     CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.held_since == 0);
     CHECK(pl_release(&lf) == 0 && pl_try_lock(b, 0) == 0 && pl_unlock(b) == 0);
@@ -556,12 +552,7 @@ static void test_foreign_file_is_never_written(void)
     close(fd);
     pl_handle a = open_lock(p);
     pl_lockfile lf;
-    memset(&lf, 0, sizeof lf);
-    lf.handle = a;
-    lf.path = p;
-    lf.head = head;
-    lf.head_len = sizeof head - 1;
-    CHECK(pl_file_stat(a, &lf.st) == 0);
+    CHECK(lockfile_on(&lf, a, p, head) == 0);
     CHECK(pl_acquire(&lf, TOKEN) == 0 && lf.foreign == 1 && lf.record_error == 0);
     CHECK(pl_unlock(a) == 0);
     /* The same size as a record this lock file never wrote: still read. */

@@ -191,3 +191,24 @@ def test_readonly_mounts_refuse_writes(tmp_path: object) -> None:
 def test_env_with_repo_puts_checkout_first() -> None:
     env = env_with_repo({"PYTHONPATH": "/elsewhere"})
     assert env["PYTHONPATH"].split(os.pathsep) == [REPO_ROOT, "/elsewhere"]
+
+
+def test_child_lines_written_in_one_go_are_each_read_within_the_bound() -> None:
+    # Two lines the child wrote together (as a reply and a callback from
+    # another thread may arrive) must both be returned: a select on the pipe
+    # after a buffered readline took both would wait out the bound (the
+    # etcd harness did, before its lines were read from the pipe here).
+    from tests.support.children import Script
+
+    child = Script("import os, sys; os.write(1, b'one 1\\ntwo 2\\nlast'); sys.stdin.read()")
+    try:
+        assert child.expect("one", within=30) == "1"
+        assert child.expect("two", within=30) == "2"
+        with pytest.raises(AssertionError, match=r"said nothing in 0\.2 s"):
+            child.expect("last", within=0.2)  # no newline yet: not a line
+        child.close_stdin()
+        assert child.expect("last", within=30) == ""  # a last line without its newline
+        with pytest.raises(AssertionError, match="exited"):
+            child.expect("more", within=30)
+    finally:
+        child.close()

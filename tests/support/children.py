@@ -62,6 +62,7 @@ class Child:
         )
         self.pid = self.proc.pid
         self._stderr: list[str] = []
+        self._pending = b""  # read from stdout, not yet returned by expect()
         self._err_thread: threading.Thread | None = None
         if capture_stderr:
             self._err_thread = threading.Thread(target=self._drain, daemon=True)
@@ -79,17 +80,43 @@ class Child:
             self._err_thread.join(1)
         return "".join(self._stderr)
 
-    def expect(self, prefix: str = "") -> str:
-        """The rest of the child's next line, which must start with prefix."""
-        assert self.proc.stdout is not None
-        line: str = self.proc.stdout.readline()
-        if not line:
+    def expect(self, prefix: str = "", within: float | None = None) -> str:
+        """The rest of the child's next line, which must start with prefix.
+
+        within (seconds) bounds the wait, as a guard against a hang (a
+        failure), never as a synchronisation by time.  Lines are read from
+        the pipe here, not through a buffered stream: a select on the pipe
+        would miss a line a buffered readline had already taken with the
+        one before it."""
+        line = self._next_line(within, prefix)
+        if line is None:
             rc = self.proc.wait()
             raise AssertionError(f"child exited ({rc}) before saying {prefix!r}:\n{self.stderr}")
-        line = line.rstrip("\n")
         if not line.startswith(prefix):
             raise AssertionError(f"expected {prefix!r}, child said {line!r}\n{self.stderr}")
         return line[len(prefix) :].strip()
+
+    def _next_line(self, within: float | None, prefix: str) -> str | None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = None if within is None else time.monotonic() + within
+        while b"\n" not in self._pending:
+            if deadline is not None:
+                left = max(0.0, deadline - time.monotonic())
+                ready, _, _ = select.select([fd], [], [], left)
+                if not ready:
+                    raise AssertionError(
+                        f"child {self.pid} said nothing in {within} s (waiting for {prefix!r})"
+                    )
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                if not self._pending:
+                    return None
+                self._pending += b"\n"  # a last line without its newline
+                break
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line.decode()
 
     def send(self, line: str = "") -> None:
         assert self.proc.stdin is not None

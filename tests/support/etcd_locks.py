@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import sys
 import textwrap
 import time
@@ -111,11 +110,7 @@ def holder_process(endpoints: str, name: str, ttl: int = 2) -> Script:
 def expect_line(child: Script, prefix: str, within: float = 60.0) -> str:
     """The child's next line, which must start with prefix; a guard against a
     hang (a failure), never a synchronisation by time."""
-    assert child.proc.stdout is not None
-    ready, _, _ = select.select([child.proc.stdout], [], [], within)
-    if not ready:
-        raise AssertionError(f"child said nothing in {within} s (waiting for {prefix!r})")
-    return child.expect(prefix)
+    return child.expect(prefix, within=within)
 
 
 def contenders(endpoints: str, name: str, at_least: int, timeout: float = 30.0) -> int:

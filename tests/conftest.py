@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -66,6 +67,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(needs_root)
         if not CHECKOUT and item.get_closest_marker("checkout") is not None:
             item.add_marker(needs_checkout)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A background job of a non-interactive shell (`cmd &`, nohup, some CI
+    # runners) starts with SIGINT and SIGQUIT ignored, and every child the
+    # tests start would inherit that: the tests that press Ctrl-C on a child
+    # would wait for an interrupt that never comes.  The suite's children
+    # start from the dispositions a terminal gives; the tests about ignored
+    # signals ignore them themselves.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    sigquit = getattr(signal, "SIGQUIT", None)
+    if sigquit is not None and signal.getsignal(sigquit) is signal.SIG_IGN:
+        signal.signal(sigquit, signal.SIG_DFL)
 
 
 def pytest_report_header() -> str:

@@ -179,7 +179,7 @@ def test_keyboard_interrupt_during_blocking_acquire_leaves_nothing(
         wait_blocked(path, waiter.pid)
         t0 = time.monotonic()
         waiter.signal(signal.SIGINT)
-        first = json.loads(waiter.expect("state"))
+        first = json.loads(waiter.expect("state", within=60))
         assert time.monotonic() - t0 < 5
         assert first["outcome"] == "KeyboardInterrupt"
         assert first["locked"] is False
@@ -195,7 +195,7 @@ def test_keyboard_interrupt_during_blocking_acquire_leaves_nothing(
         probe.release()
         probe.close()
         waiter.send()
-        second = json.loads(waiter.expect("state"))
+        second = json.loads(waiter.expect("state", within=60))
         assert second["locked"] is False
         assert len(second["threads"]) == 1
         # The descriptor kept open between acquisitions is allowed; a lock on it is not.

@@ -36,6 +36,32 @@ from typing import Any
 from tests.support import env_with_repo
 
 
+def read_line(
+    fd: int, pending: bytes, within: float | None, who: str, waiting_for: str
+) -> tuple[str | None, bytes]:
+    """The next line from a pipe, read from fd itself (never through a
+    buffered stream, which could take two lines while a select on fd sees
+    one), after the bytes already read (pending); and the bytes left over.
+    None at the end of the stream with nothing pending; a last line without
+    its newline is still a line.  within (seconds) bounds the wait, as a
+    guard against a hang, never as a synchronisation by time."""
+    deadline = None if within is None else time.monotonic() + within
+    while b"\n" not in pending:
+        if deadline is not None:
+            left = max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                raise AssertionError(
+                    f"{who} said nothing in {within} s (waiting for {waiting_for})"
+                )
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return (pending.decode() if pending else None), b""
+        pending += chunk
+    line, _, rest = pending.partition(b"\n")
+    return line.decode(), rest
+
+
 class Child:
     """A child process speaking a line protocol on stdin/stdout.
 
@@ -84,10 +110,7 @@ class Child:
         """The rest of the child's next line, which must start with prefix.
 
         within (seconds) bounds the wait, as a guard against a hang (a
-        failure), never as a synchronisation by time.  Lines are read from
-        the pipe here, not through a buffered stream: a select on the pipe
-        would miss a line a buffered readline had already taken with the
-        one before it."""
+        failure), never as a synchronisation by time (see read_line)."""
         line = self._next_line(within, prefix)
         if line is None:
             rc = self.proc.wait()
@@ -98,25 +121,10 @@ class Child:
 
     def _next_line(self, within: float | None, prefix: str) -> str | None:
         assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = None if within is None else time.monotonic() + within
-        while b"\n" not in self._pending:
-            if deadline is not None:
-                left = max(0.0, deadline - time.monotonic())
-                ready, _, _ = select.select([fd], [], [], left)
-                if not ready:
-                    raise AssertionError(
-                        f"child {self.pid} said nothing in {within} s (waiting for {prefix!r})"
-                    )
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                if not self._pending:
-                    return None
-                self._pending += b"\n"  # a last line without its newline
-                break
-            self._pending += chunk
-        line, _, self._pending = self._pending.partition(b"\n")
-        return line.decode()
+        line, self._pending = read_line(
+            self.proc.stdout.fileno(), self._pending, within, f"child {self.pid}", repr(prefix)
+        )
+        return line
 
     def send(self, line: str = "") -> None:
         assert self.proc.stdin is not None
@@ -361,16 +369,9 @@ class Forked:
                 pass
 
     def line(self, timeout: float = 10.0) -> str:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([self._from], [], [], max(left, 0))
-            assert ready, f"child {self.pid} said nothing within {timeout} s"
-            chunk = os.read(self._from, 4096)
-            assert chunk, f"child {self.pid} ended without a line (status {self.wait()})"
-            self._buf += chunk
-        text, _, self._buf = self._buf.partition(b"\n")
-        return text.decode()
+        line, self._buf = read_line(self._from, self._buf, timeout, f"child {self.pid}", "a line")
+        assert line is not None, f"child {self.pid} ended without a line (status {self.wait()})"
+        return line
 
     def tell(self, text: str) -> None:
         os.write(self._to, text.encode() + b"\n")

@@ -45,13 +45,13 @@ nox.options.sessions = [
 
 # The suites that exercise pidfd and its fallback (seccomp session).
 PIDFD_SUITES = [
-    "tests/test_lock.py",
-    "tests/test_lock_async.py",
-    "tests/test_holder.py",
-    "tests/test_holder_exit.py",
-    "tests/test_process.py",
-    "tests/test_exit_signals.py",
-    "tests/test_exit_schedule.py",
+    "tests/lock/test_lock.py",
+    "tests/lock/test_lock_async.py",
+    "tests/lock/test_holder.py",
+    "tests/exit/test_holder_exit.py",
+    "tests/core/test_process.py",
+    "tests/exit/test_exit_signals.py",
+    "tests/exit/test_exit_schedule.py",
     "tests/test_portable.py",
 ]
 

@@ -68,8 +68,8 @@ def interleaved(
 def etcd_floor(endpoints: str) -> Callable[[], None]:
     from aetcd import rpc
 
-    from pylock._etcd_client import normalize_endpoints, prefix_end
-    from pylock._etcd_loop import etcd_loop, run_blocking
+    from pylock.etcd.client import normalize_endpoints, prefix_end
+    from pylock.etcd.loop import etcd_loop, run_blocking
 
     prefix = b"pylock-bench/floor/"
 

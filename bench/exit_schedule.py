@@ -45,8 +45,8 @@ TARGET_LATENCY_MS = 100.0
 
 def profile_schedule(pids: list[int], seconds: float) -> dict[str, float]:
     """Run the shared schedule by hand over pids in this process; where its CPU goes."""
-    from pylock import _exit_schedule
-    from pylock._process import identity_of
+    from pylock._core.process import identity_of
+    from pylock._exit import schedule as _exit_schedule
 
     schedule = _exit_schedule.IdentitySchedule(threaded=False)
     for pid in pids:
@@ -150,7 +150,7 @@ def main() -> int:
         f"On a quiet machine (no sweeps) the schedule would cost {profile['quiet_pct']:.2f}%."
     )
     fb = rows["fallback-many"]
-    from pylock import _exit_schedule
+    from pylock._exit import schedule as _exit_schedule
 
     if fb.ok:
         idle = fb.extra["idle_cpu_pct"]

@@ -5,7 +5,7 @@ The kernel decides (flock, LockFileEx, pidfd, kqueue, process handles); the
 holder record only explains.
 """
 
-from ._errors import (
+from ._core.errors import (
     LockError,
     LockFileError,
     LockHeld,
@@ -14,42 +14,42 @@ from ._errors import (
     ReentrantAcquire,
     UnsafeFilesystem,
 )
-from ._lock import Lock
+from ._lock.lock import Lock
 
 TYPE_CHECKING = False  # typing itself is not imported at run time
 if TYPE_CHECKING:
     from . import metrics
-    from ._dirs import UnsafeDirectory, runtime_dir
-    from ._exit import ExitWatcher, ProcessExit, holder_exit, wait_exit
-    from ._holder import Holder, holders
-    from ._ports import PortInUse, PortSocket, bind_port, port_lock
-    from ._protocol import SupportsLock
-    from ._singleton import TakeoverRefused, singleton, singleton_async
-    from ._unixsock import SocketInUse, claim_unix_socket
+    from ._daemon.dirs import UnsafeDirectory, runtime_dir
+    from ._daemon.ports import PortInUse, PortSocket, bind_port, port_lock
+    from ._daemon.singleton import TakeoverRefused, singleton, singleton_async
+    from ._daemon.unixsock import SocketInUse, claim_unix_socket
+    from ._exit.api import ExitWatcher, ProcessExit, holder_exit, wait_exit
+    from ._lock.holder import Holder, holders
+    from ._lock.protocol import SupportsLock
 
 # "import pylock" stays about as cheap as starting the interpreter: the
 # exit-notification API (asyncio costs more than all of the rest) and the
 # holder lookup (dataclasses, json, datetime) load on first use.
 _LAZY = {
-    "ExitWatcher": "_exit",
-    "ProcessExit": "_exit",
-    "holder_exit": "_exit",
-    "wait_exit": "_exit",
-    "Holder": "_holder",
-    "holders": "_holder",
-    "SupportsLock": "_protocol",  # typing's Protocol
+    "ExitWatcher": "_exit.api",
+    "ProcessExit": "_exit.api",
+    "holder_exit": "_exit.api",
+    "wait_exit": "_exit.api",
+    "Holder": "_lock.holder",
+    "holders": "_lock.holder",
+    "SupportsLock": "_lock.protocol",  # typing's Protocol
     # The daemon kit: singletons, ports, sockets (socket, signal and more).
-    "TakeoverRefused": "_singleton",
-    "singleton": "_singleton",
-    "singleton_async": "_singleton",
-    "PortInUse": "_ports",
-    "PortSocket": "_ports",
-    "bind_port": "_ports",
-    "port_lock": "_ports",
-    "SocketInUse": "_unixsock",
-    "claim_unix_socket": "_unixsock",
-    "UnsafeDirectory": "_dirs",
-    "runtime_dir": "_dirs",
+    "TakeoverRefused": "_daemon.singleton",
+    "singleton": "_daemon.singleton",
+    "singleton_async": "_daemon.singleton",
+    "PortInUse": "_daemon.ports",
+    "PortSocket": "_daemon.ports",
+    "bind_port": "_daemon.ports",
+    "port_lock": "_daemon.ports",
+    "SocketInUse": "_daemon.unixsock",
+    "claim_unix_socket": "_daemon.unixsock",
+    "UnsafeDirectory": "_daemon.dirs",
+    "runtime_dir": "_daemon.dirs",
     "metrics": "",  # the submodule itself
 }
 

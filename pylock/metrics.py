@@ -23,13 +23,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _lock
-from ._native import ffi
+from ._core.native import ffi
+from ._lock import lock as _lock
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from ._lock import Lock
+    from ._lock.lock import Lock
 
 log = logging.getLogger("pylock")
 

@@ -28,9 +28,17 @@ from typing import Any
 
 import pytest
 
-from tests.support import CHECKOUT, IS_ROOT, LINUX
-from tests.support.children import Forked, HolderProcess, NonChild, Sleeper
-from tests.support.kernel_locks import open_fds
+# Before anything imports pylock: the checkout's root goes last on sys.path
+# (`python -m pytest` put the working directory first), so `import pylock`
+# finds the installed package (editable or not) and `import tests.support`
+# still finds this checkout's.
+_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _ROOT]
+sys.path.append(_ROOT)
+
+from tests.support import CHECKOUT, IS_ROOT, LINUX  # noqa: E402  (after the path fix above)
+from tests.support.children import Forked, HolderProcess, NonChild, Sleeper  # noqa: E402  (after the path fix above)
+from tests.support.kernel_locks import open_fds  # noqa: E402  (after the path fix above)
 
 __all__ = ["HolderProcess", "open_fds"]
 

@@ -12,7 +12,8 @@ import time
 import pytest
 
 import pylock
-from pylock import _lock, metrics
+from pylock import metrics
+from pylock._lock import lock as _lock
 from tests.support import env_with_repo
 
 HOLDER = textwrap.dedent(
@@ -44,7 +45,8 @@ def test_off_by_default_and_nothing_counted():
         [
             sys.executable,
             "-c",
-            "import pylock, sys; from pylock import _lock; l = pylock.Lock(sys.argv[1]); "
+            "import pylock, sys; from pylock._lock import lock as _lock; "
+            "l = pylock.Lock(sys.argv[1]); "
             "l.acquire(); l.release(); print(_lock._observer, l.stats.acquisitions, "
             "'pylock.metrics' in sys.modules)",
             "/tmp/pylock-metrics-off.lock",

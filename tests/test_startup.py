@@ -21,7 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pylock import _process, _record
+from pylock._core import process as _process
+from pylock._lock import record as _record
 
 HEAVY = (
     "asyncio",

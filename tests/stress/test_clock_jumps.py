@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import pylock
-from pylock._process import identity_of
+from pylock._core.process import identity_of
 from tests.support.kernel_locks import wait_blocked
 from tests.support.procs import Script
 from tests.support.sizes import Figures

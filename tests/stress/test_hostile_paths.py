@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 import pylock
-from pylock import _record
-from pylock._errors import NOT_REGULAR, SYMLINK
-from pylock._process import identity_of
+from pylock._core.errors import NOT_REGULAR, SYMLINK
+from pylock._core.process import identity_of
+from pylock._lock import record as _record
 from tests.support import mounts
 from tests.support.procs import NOBODY, Script, become, in_child
 from tests.support.sizes import Figures

@@ -1,7 +1,7 @@
 """The record fuzz at full size, and holder() in a loop beside an acquirer.
 
 Large size: 100,000 fuzzed records through the reader and every use of a
-record (tests/test_record_fuzz.py runs a quick sample in the normal suite),
+record (tests/lock/test_record_fuzz.py runs a quick sample in the normal suite),
 and 20,000 non-blocking acquisitions beside a process calling holder() in a
 loop, which before pylock stopped probing were refused about 3 times.
 """
@@ -15,9 +15,9 @@ import time
 from hypothesis import HealthCheck, given, settings
 
 import pylock
+from tests.lock.test_record_fuzz import RAW_RECORDS, cases_checked, check_record
 from tests.support import env_with_repo
 from tests.support.sizes import Figures, size
-from tests.test_record_fuzz import RAW_RECORDS, cases_checked, check_record
 
 FUZZ_CASES = size(1_000, 100_000)
 PROBE_ROUNDS = size(2_000, 20_000)

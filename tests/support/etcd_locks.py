@@ -48,8 +48,8 @@ def require_etcd() -> None:
 def end_etcd_thread() -> None:
     """The rest of the suite checks that pylock leaves no threads of its own:
     end the etcd thread a module's in-process locks started."""
-    if "pylock._etcd_loop" in sys.modules:
-        from pylock._etcd_loop import shutdown
+    if "pylock.etcd.loop" in sys.modules:
+        from pylock.etcd.loop import shutdown
 
         shutdown()
 
@@ -118,9 +118,9 @@ def contenders(endpoints: str, name: str, at_least: int, timeout: float = 30.0) 
     have their keys in the queue; their number."""
     from aetcd import rpc
 
-    from pylock._etcd_client import normalize_endpoints, prefix_end
-    from pylock._etcd_lock import EtcdLock
-    from pylock._etcd_loop import etcd_loop, run_blocking
+    from pylock.etcd.client import normalize_endpoints, prefix_end
+    from pylock.etcd.lock import EtcdLock
+    from pylock.etcd.loop import etcd_loop, run_blocking
 
     prefix = EtcdLock(name, endpoints=endpoints)._prefix
 

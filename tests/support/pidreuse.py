@@ -71,7 +71,7 @@ WAIT = 10.0  # generous bound for "has returned"; the figures record the real ti
 
 async def _watcher() -> None:
     import pylock
-    from pylock import _process
+    from pylock._core import process as _process
 
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()

@@ -1,0 +1,242 @@
+"""pylock run, taking the lock: pylock.Lock for regular files, record-less for the rest.
+
+Regular files go through pylock.Lock (created 0666 less the umask, as
+flock(1) creates them); directories, devices, FIFOs, files holding someone
+else's bytes and inherited descriptors are locked with flock(2) on a
+read-only descriptor, without a record.  A conflict names the holder.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import sys
+
+TYPE_CHECKING = False  # typing stays unloaded: `pylock run` starts in shell loops
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+    from .run import Invocation
+
+# sysexits.h, as flock(1) uses them.
+EX_DATAERR = 65
+EX_NOINPUT = 66
+EX_UNAVAILABLE = 69
+EX_OSERR = 71
+EX_CANTCREAT = 73
+
+SHARED, EXCLUSIVE, UNLOCK = "shared", "exclusive", "unlock"
+
+
+def say(text: str) -> None:
+    sys.stderr.write(f"pylock: {text}\n")
+    sys.stderr.flush()
+
+
+class Exit(Exception):
+    """Leave pylock run with this status (after the message was printed)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def lock_path(call: Invocation, path: str) -> tuple[int, Any]:
+    """Open and lock the file at path; returns its descriptor and what keeps it open."""
+    from .._core.errors import NOT_REGULAR, LockFileError, LockHeld, LockTimeout, UnsafeFilesystem
+
+    if call.mode == UNLOCK or _foreign_content(path):
+        # -u only unlocks; a file with someone else's bytes (a script that
+        # locks itself, a data file) is locked as it is, never written.
+        fd = _open_or_exit(path, create=True)
+        lock_fd(call, fd, path)
+        return fd, None
+    from .._lock.lock import Lock
+
+    try:
+        mode = 0o666 & ~_umask()
+        lock = Lock(path, shared=call.mode == SHARED, mode=mode, info=call.opts["info"])
+        # A file pylock may lock but not write (read-only, another user's)
+        # is locked as flock(1) locks it, silently: the record only explains.
+        lock._record_warned = True
+        try:
+            if call.takeover is not None:
+                from .._daemon.singleton import take_over
+
+                take_over(lock, call.takeover)
+            elif call.nonblock:
+                lock.acquire(blocking=False)
+            elif _status_line(call):
+                with _status(path, lambda: _holder_text(lock.holder())):
+                    lock.acquire(timeout=call.timeout)
+            else:
+                lock.acquire(timeout=call.timeout)
+        except BaseException:
+            lock.close()
+            raise
+    except LockHeld as held:
+        _conflict(call, str(held), timed_out=isinstance(held, LockTimeout))
+    except LockFileError as exc:
+        if exc.code not in (errno.EISDIR, NOT_REGULAR):
+            _open_failed(path, exc)
+        # A directory or a device: locked as flock(1) does, without a record.
+        fd = _open_or_exit(path, create=False)
+        lock_fd(call, fd, path)
+        return fd, None
+    except UnsafeFilesystem as exc:
+        say(str(exc))
+        raise Exit(EX_NOINPUT) from None
+    except OSError as exc:
+        say(f"{path}: {exc.strerror}")
+        raise Exit(EX_OSERR if exc.errno in (errno.ENOLCK, errno.ENOMEM) else EX_DATAERR) from None
+    return lock._handle, lock
+
+
+def _foreign_content(path: str) -> bool:
+    """Whether path is a regular file holding bytes that are not a pylock record."""
+    from .._lock.record import MAGIC
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False  # missing, a symlink, unreadable: Lock decides and explains
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.read(fd, len(MAGIC))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return bool(head) and head != MAGIC
+
+
+def lock_fd(call: Invocation, fd: int, name: str, label: str = "") -> None:
+    """Lock fd; errors name it as flock(1) does (name), conflicts say what it is (label)."""
+    from .fdlock import Conflict, lock_descriptor, unlock_descriptor
+
+    try:
+        if call.mode == UNLOCK:
+            unlock_descriptor(fd)
+        elif _status_line(call) and not call.nonblock:
+            with _status(label or name, lambda: _fd_holder_text(fd)):
+                lock_descriptor(fd, call.mode == SHARED, True, call.timeout)
+        else:
+            lock_descriptor(fd, call.mode == SHARED, not call.nonblock, call.timeout)
+    except Conflict as conflict:
+        message = ""
+        if not call.quiet:
+            who = _fd_holder_text(fd)
+            if conflict.timed_out:
+                what = label or name
+                message = f"timed out after {call.timeout:g} s waiting for {what}: held by {who}"
+            else:
+                message = f"{label or name} is held by {who}"
+        _conflict(call, message, conflict.timed_out)
+    except OSError as exc:
+        say(f"{name}: {exc.strerror}")
+        raise Exit(EX_OSERR if exc.errno in (errno.ENOLCK, errno.ENOMEM) else EX_DATAERR) from None
+
+
+def _conflict(call: Invocation, message: str, timed_out: bool) -> NoReturn:
+    if call.verbose:
+        say("timeout while waiting to get lock" if timed_out else "failed to get lock")
+    if not call.quiet and message:
+        say(message)
+    raise Exit(call.conflict_exit)
+
+
+def _open_or_exit(path: str, create: bool) -> int:
+    """A read-only descriptor for a record-less lock on path (created with -u, as flock(1))."""
+    from .fdlock import open_existing
+
+    try:
+        fd = -1
+        if create:
+            # O_NONBLOCK: a FIFO at the path must not hang the open.
+            flags = os.O_RDONLY | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            try:
+                fd = os.open(path, flags | os.O_CREAT, 0o666)
+                os.set_blocking(fd, True)  # the command shares this open file description
+            except (IsADirectoryError, FileExistsError):
+                pass
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+        if fd < 0:
+            fd = open_existing(path)
+    except OSError as exc:
+        _open_failed(path, exc)
+    _refuse_network_filesystem(path, fd)
+    return fd
+
+
+def _refuse_network_filesystem(path: str, fd: int) -> None:
+    """As pylock.Lock refuses them: flock there is emulated or local to one client."""
+    from .._core import fs as _fs
+    from .._core.errors import UnsafeFilesystem
+    from .._core.native import ffi, lib
+
+    fs = ffi.new("pl_fs_info *")
+    if lib.pl_fs_stat(fd, fs) != 0:
+        return
+    name = _fs.network_filesystem(fs.magic, fs.remote, ffi.string(fs.name).decode())
+    if name is not None:
+        os.close(fd)
+        say(str(UnsafeFilesystem(path, name)))
+        raise Exit(EX_NOINPUT)
+
+
+def _open_failed(path: str, exc: OSError) -> NoReturn:
+    from .._core.errors import LockFileError
+
+    if isinstance(exc, LockFileError):
+        say(str(exc))
+    else:
+        say(f"cannot open lock file {path}: {exc.strerror}")
+    code = exc.errno
+    if code in (errno.ENOMEM, errno.EMFILE, errno.ENFILE):
+        raise Exit(EX_OSERR)
+    if code in (errno.EROFS, errno.ENOSPC):
+        raise Exit(EX_CANTCREAT)
+    raise Exit(EX_NOINPUT)
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # one thread here: reading it by setting it is safe
+    os.umask(mask)
+    return mask
+
+
+def _status_line(call: Invocation) -> bool:
+    return not call.quiet and os.isatty(2)
+
+
+def _status(what: str, holder: Any) -> Any:
+    from .status import StatusLine
+
+    return StatusLine(what, holder)
+
+
+def _holder_text(holder: Any) -> str:
+    from .._core.errors import describe_holder
+
+    return describe_holder(holder) if holder is not None else "nobody (about to be granted)"
+
+
+def _fd_holder_text(fd: int) -> str:
+    from .fdlock import kernel_holders
+
+    found = kernel_holders(fd)
+    if not found:
+        return "a process pylock cannot see (another user's, or in another pid namespace)"
+    text = found[0].describe()
+    return text if len(found) == 1 else f"{text} and {len(found) - 1} more"

@@ -1,0 +1,187 @@
+"""pylock who: free or held, and by whom, as the kernel shows it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import time
+
+from .args import Option, UsageError, parse
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+EX_NOINPUT = 66
+
+OPTIONS = [
+    Option("a", ("all",), "all", "every process holding the file (inherited descriptors too)"),
+    Option("", ("json",), "json", "print JSON: one object per PATH"),
+    Option("h", ("help",), "help", "show this help and exit"),
+    Option("", ("etcd",), "etcd", "NAMEs are etcd locks at ENDPOINTS", str, metavar="ENDPOINTS"),
+]
+
+USAGE = """\
+Usage:
+ pylock who [--all] [--json] PATH...
+ pylock who --etcd ENDPOINTS [--json] NAME...
+
+Say whether each lock is free or held, and by whom: pid, program, host,
+since when and for how long, and whether the kernel verified it (or why
+not).  Shared holders are all listed; --all also lists every process that
+shares a holder's descriptor.  Directories and devices locked with flock(1)
+are named from the kernel alone.
+
+Exit status: 0 every PATH is held, 1 some PATH is free, 66 some PATH cannot
+be inspected (it is named on stderr).
+
+Options:
+"""
+
+
+class PathProblem(Exception):
+    """PATH cannot be inspected: exit 66."""
+
+
+def main(argv: Sequence[str]) -> int:
+    defaults = {"all": False, "json": False, "help": False, "etcd": None}
+    opts, paths = parse(OPTIONS, argv, defaults)
+    if opts["help"]:
+        from .main import print_help
+
+        print_help(USAGE, OPTIONS)
+        return 0
+    if not paths:
+        raise UsageError("no PATH given")
+    if opts["etcd"] is not None:
+        from .etcd import main_who
+
+        return main_who(opts["etcd"], paths, as_json=bool(opts["json"]))
+    reports = []
+    status = 0
+    for path in paths:
+        try:
+            found = who(path, every=bool(opts["all"]))
+        except PathProblem as exc:
+            sys.stderr.write(f"pylock: {exc}\n")
+            status = EX_NOINPUT
+            continue
+        reports.append((os.path.abspath(path), found))
+        if not found and status == 0:
+            status = 1
+    if opts["json"]:
+        import json
+
+        doc = [
+            {"path": path, "held": bool(found), "holders": [holder_json(h) for h in found]}
+            for path, found in reports
+        ]
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        for path, found in reports:
+            sys.stdout.write(describe(path, found))
+    return status
+
+
+def who(path: str, every: bool = False) -> list[Any]:
+    """The holders of the lock at path: [] when free.  Raises PathProblem."""
+    from .._core.errors import NOT_REGULAR, LockFileError
+    from .._lock.holder import find_holder, holders
+
+    full = os.path.abspath(path)
+    parent = os.path.dirname(full)
+    if not os.path.isdir(parent):
+        raise PathProblem(f"{path}: no such directory {parent}")
+    try:
+        first = find_holder(full)
+        if first is None:
+            return []
+        if every or first.shared:
+            seen = holders(full)
+            if every:
+                return seen or [first]
+            shared = [h for h in seen if h.shared]
+            return shared or [first]
+        return [first]
+    except LockFileError as exc:
+        if exc.code not in (errno.EISDIR, NOT_REGULAR):
+            raise PathProblem(str(exc)) from None
+    except OSError as exc:
+        raise PathProblem(f"{path}: {exc.strerror}") from None
+    return _kernel_only(full, every)
+
+
+def _kernel_only(path: str, every: bool) -> list[Any]:
+    """A directory or device: flock(1) writes no record, the kernel alone names holders."""
+    from .fdlock import kernel_holders, open_existing
+
+    try:
+        fd = open_existing(path)
+    except OSError as exc:
+        raise PathProblem(f"cannot inspect {path}: {exc}") from None
+    try:
+        found = kernel_holders(fd)
+    finally:
+        os.close(fd)
+    if every or not found or found[0].shared:
+        return found
+    return found[:1]
+
+
+def holder_json(holder: Any) -> dict[str, Any]:
+    return {
+        "pid": holder.pid,
+        "program": holder.program,
+        "argv": list(holder.argv),
+        "hostname": holder.hostname,
+        "acquired_at": holder.acquired_at.isoformat() if holder.acquired_at else None,
+        "held_for": _held_seconds(holder),
+        "info": holder.info,
+        "verified": holder.verified,
+        "shared": holder.shared,
+        "start_time": holder.start_time,
+        "boot_id": holder.boot_id,
+        "note": holder.note,
+    }
+
+
+def _held_seconds(holder: Any) -> float | None:
+    if holder.acquired_at is None:
+        return None
+    since: float = holder.acquired_at.timestamp()
+    return round(max(0.0, time.time() - since), 3)
+
+
+def duration(seconds: float) -> str:
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def describe(path: str, found: list[Any]) -> str:
+    if not found:
+        return f"{path}: free\n"
+    lines = []
+    for holder in found:
+        kind = "shared" if holder.shared else "held"
+        text = f"{path}: {kind} by {holder.describe()}"
+        held = _held_seconds(holder)
+        if held is not None:
+            text += f", for {duration(held)}"
+        if holder.verified:
+            text += " (verified by the kernel)"
+        elif not holder.note:
+            text += " (unverified)"
+        lines.append(text)
+        if holder.info:
+            import json
+
+            lines.append(f"  info: {json.dumps(holder.info)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,423 @@
+"""EtcdLock: the same lock as pylock.Lock, held in an etcd cluster instead of a file.
+
+etcd's own mutex recipe: every contender creates a key under the lock's
+prefix, bound to its lease; the key with the lowest creation revision holds
+the lock; each waiter watches only the key created just before its own, from
+the revision it read it at, so a release or an expiry wakes exactly the next
+waiter, and nobody polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Callable
+from urllib.parse import quote
+
+from .._core.errors import LockHeld, LockTimeout, NotHeld, ReentrantAcquire
+from .._core.native import ffi, lib
+from .._core.timeout import check_timeout, deadline_of, seconds_left
+from .._lock import lock as _lock
+from .._lock.lock_async import ACQUIRE_ASYNC_CODES, task_owner, wait_for_object, wake_object_waiter
+from .._lock.record import check_info
+from .client import (
+    REQUEST_TIMEOUT,
+    Cluster,
+    DeadlinePassed,
+    EtcdUnavailable,
+    normalize_endpoints,
+)
+from .holder import EtcdHolder, decode_holder, encode_record
+from .loop import etcd_loop, run_async, run_blocking
+from .session import RETRY_DELAY, Session
+
+log = logging.getLogger("pylock")
+
+# Every EtcdLock: a fork may come while another thread owns one.
+_all_locks: weakref.WeakSet[EtcdLock] = weakref.WeakSet()
+
+# How long naming the holder in a LockHeld/LockTimeout may take, at most.
+_NAMING_TIME = 1.0
+
+
+class EtcdLock:
+    """A lock named `name` in the etcd cluster at `endpoints`, with Lock's interface.
+
+    Holding it means owning the oldest key under the lock's prefix, bound to
+    a lease this process keeps alive in pylock's etcd thread.  If that lease
+    is lost while held (the process paused or was cut off for a whole TTL,
+    etcd expired it), `lost` turns True and `on_lost(lock)` is called once,
+    from a worker thread: another holder may already own the lock, so the
+    protected resource must check `fencing_token` (see the README).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        endpoints: str | Sequence[str],
+        ttl: int = 10,
+        info: dict[str, Any] | None = None,
+        on_lost: Callable[[EtcdLock], None] | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"an etcd lock needs a non-empty name, not {name!r}")
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
+            raise ValueError(f"ttl is whole seconds, at least 1, not {ttl!r}")
+        check_info(info)
+        self.name = name
+        self.endpoints = normalize_endpoints(endpoints)
+        self.ttl = ttl
+        self.on_lost = on_lost
+        self._info = info
+        # Quoted, so that lock "a" never sees the keys of lock "a/b".
+        self._prefix = b"pylock/lock/" + quote(name, safe="").encode() + b"/"
+        self.path = f"etcd://{','.join(self.endpoints)}/{name}"
+        # One attempt at a time uses this object, kept as Lock keeps it: the
+        # C core's owner word (this lf has no file), the bell for threads
+        # and a queue for coroutines waiting for the object.
+        self._lf = ffi.new("pl_lockfile *")
+        self._lf.handle = -1
+        self._attempt: object | None = None
+        self._bell = _lock._new_bell()
+        self._object_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._object_waiters_mu = threading.Lock()
+        # The holding thread's token or task, compared by identity and kept
+        # alive while held, so that no later thread or task can pass for it.
+        self._owner: object | None = None
+        self._session: Session | None = None
+        _all_locks.add(self)
+
+    def __repr__(self) -> str:
+        state = "locked" if self.locked else "unlocked"
+        return f"<pylock.etcd.EtcdLock {self.path!r} {state}>"
+
+    # -- state ---------------------------------------------------------------
+
+    @property
+    def locked(self) -> bool:
+        """Whether this object holds the lock (check `lost` before trusting it)."""
+        return self._holding() is not None
+
+    def _holding(self) -> object | None:
+        """The holding attempt, if the C core's owner word still names it: an
+        acquire whose except clause has given the object back (its first
+        call) holds nothing, whatever fields the interrupted rest left."""
+        attempt = self._attempt
+        if attempt is None or (self._lf.owner & ~1) != id(attempt):
+            return None
+        return attempt
+
+    @property
+    def lost(self) -> bool:
+        """True once this holder can no longer prove its lease is alive: another
+        process may hold the lock now.  False when not held."""
+        session = self._session if self.locked else None
+        return session is not None and session.lost
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The held key's creation revision: strictly greater for every later
+        acquisition of this lock.  None when not held."""
+        session = self._session if self.locked else None
+        return session.revision if session is not None else None
+
+    # -- taking the lock -----------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take the lock, waiting (by a watch) for the holders before us.
+
+        Raises LockHeld (blocking=False and held), LockTimeout, ReentrantAcquire,
+        EtcdUnavailable when etcd cannot be reached (within the timeout, or
+        within pylock's 5 s request limit when waiting longer).
+        """
+        owner = _lock._this_thread.token
+        if self._owner is owner and self.locked:
+            raise ReentrantAcquire(
+                f"{self.path}: this thread already holds this EtcdLock; pylock locks are "
+                "not reentrant"
+            )
+        if timeout is not None and not blocking:
+            raise ValueError("a timeout makes no sense with blocking=False")
+        timeout = check_timeout(timeout)
+        deadline = deadline_of(timeout)
+        # As in Lock.acquire: named before the try, owned and given back in C
+        # calls.  The session the etcd thread creates lives only while the
+        # owner word names this attempt: the except clause's first call
+        # gives the object back, which dooms the session even if an
+        # exception cuts the rest short (its keep-alive ends it, within a
+        # third of the TTL); the rest ends it at once (won).
+        attempt = object()
+        token = id(attempt)
+        won: list[Session] = []
+        waited = [False]  # slept on the bell: may have taken a ring meant for others
+        lf = self._lf
+        try:
+            if lib.pl_own(lf, token, 0) != 0:
+                if not blocking:
+                    self._raise_held(False, timeout)
+                while lib.pl_own(lf, token, 1) != 0:
+                    waited[0] = True
+                    left = seconds_left(deadline)
+                    if not self._bell.acquire(True, -1 if left is None else left):
+                        self._raise_held(True, timeout)
+            session = run_blocking(self._contend(blocking, deadline, timeout, attempt, won))
+            self._hold(session, owner)
+            self._attempt = attempt
+        except BaseException:
+            self._give_back(attempt, won, waited[0])
+            raise
+        return True
+
+    async def acquire_async(self, timeout: float | None = None) -> bool:
+        """Take the lock from a coroutine; cancelling the task leaves nothing in etcd."""
+        owner = task_owner()
+        if self._owner is owner and self.locked:
+            raise ReentrantAcquire(
+                f"{self.path}: this task already holds this EtcdLock; pylock locks are "
+                "not reentrant"
+            )
+        timeout = check_timeout(timeout)
+        deadline = deadline_of(timeout)
+        attempt = object()
+        token = id(attempt)
+        won: list[Session] = []
+        try:
+            if lib.pl_own(self._lf, token, 0) != 0:
+                await wait_for_object(self, token, deadline, timeout)
+            session = await run_async(self._contend(True, deadline, timeout, attempt, won))
+            self._hold(session, owner)
+            self._attempt = attempt
+        except BaseException:
+            self._give_back(attempt, won, False)
+            raise
+        return True
+
+    def _give_back(self, attempt: object, won: list[Session], waited: bool) -> None:
+        """An acquisition that raises holds nothing.  The first call gives the
+        object back (the session is doomed from then on, see _contend); the
+        rest ends the session at once and forgets it, and may be cut short."""
+        ring = lib.pl_disown(self._lf, id(attempt), 0)
+        try:
+            # Only what this attempt set: another may own the object already.
+            if won:
+                session = won.pop()
+                etcd_loop().submit(session.end())  # never blocks the caller
+                if self._session is session:
+                    self._session = None
+            if self._attempt is attempt:
+                self._attempt = None
+        finally:
+            if ring > 0 or waited:
+                _lock._ring(self)
+
+    def _raise_held(self, blocking: bool, timeout: float | None) -> None:
+        if blocking:
+            raise LockTimeout(self.path, self.holder(), timeout or 0.0)
+        raise LockHeld(self.path, self.holder())
+
+    def _hold(self, session: Session, owner: object) -> None:
+        self._session = session
+        self._owner = owner
+        session.on_lost = self._lost_callback(session)
+        if session.lost_reason is not None:  # lost between winning and here
+            session.on_lost(session.lost_reason)
+
+    def _lost_callback(self, session: Session) -> Callable[[str], None]:
+        def lost(reason: str) -> None:
+            log.warning("pylock: lost %s while holding it: %s", self.path, reason)
+            callback = self.on_lost
+            if callback is not None and self._session is session:
+                # Off the etcd loop: a slow callback must not starve the
+                # keep-alives of other locks, and it may call release().
+                etcd_loop().loop.run_in_executor(None, self._call_on_lost, callback)
+
+        return lost
+
+    def _call_on_lost(self, callback: Callable[[EtcdLock], None]) -> None:
+        try:
+            callback(self)
+        except Exception:
+            log.exception("pylock: the on_lost callback of %s raised", self.path)
+
+    async def _contend(
+        self,
+        blocking: bool,
+        deadline: float | None,
+        timeout: float | None,
+        attempt: object,
+        won: list[Session],
+    ) -> Session:
+        """Runs on the etcd loop: create our key, wait for our turn, return the session."""
+        cluster = etcd_loop().cluster(self.endpoints)
+        try:
+            started = time.monotonic()
+            lease, ttl = await cluster.grant(self.ttl, deadline)
+        except DeadlinePassed:
+            raise EtcdUnavailable(self.endpoints, f"no answer within {timeout:g} s") from None
+        key = self._prefix + f"{lease:016x}".encode()
+        session = Session(cluster, key, lease, ttl, started + ttl)
+        lf, token = self._lf, id(attempt)
+        # Kept alive while the object is owned by this attempt (which the
+        # closure keeps alive, so that its id names nobody else).
+        session.wanted = lambda: (lf.owner & ~1) == token and attempt is not None
+        session.start()
+        try:
+            value = encode_record(self._info, lease, ttl)
+            session.revision = await cluster.create(key, value, lease, deadline)
+            await self._wait_turn(cluster, session, blocking, deadline)
+            won.append(session)  # no await follows: nothing can cancel it now
+        except DeadlinePassed:
+            await session.end()
+            holder = await self._find(cluster, time.monotonic() + _NAMING_TIME)
+            raise LockTimeout(self.path, holder, timeout or 0.0) from None
+        except BaseException:
+            await session.end()
+            raise
+        return session
+
+    async def _wait_turn(
+        self, cluster: Cluster, session: Session, blocking: bool, deadline: float | None
+    ) -> None:
+        while True:
+            if session.lost:
+                raise EtcdUnavailable(
+                    self.endpoints, f"this waiter's lease was lost: {session.lost_reason}"
+                )
+            try:
+                found = await cluster.predecessor(
+                    self._prefix, session.key, session.revision, deadline
+                )
+                if found is None:
+                    break
+                before, revision = found
+                if before is None:
+                    return
+                if not blocking:
+                    holder = await self._find(cluster, time.monotonic() + _NAMING_TIME)
+                    raise LockHeld(self.path, holder)
+                await cluster.deleted(bytes(before.key), revision, deadline)
+            except EtcdUnavailable:
+                # The member we talked to went away.  Another may answer: try
+                # again until the lease is lost (no keep-alive confirmed for a
+                # whole TTL), which bounds the wait when the cluster is gone.
+                if session.lost:
+                    raise
+                await asyncio.sleep(RETRY_DELAY)
+        raise EtcdUnavailable(self.endpoints, "this waiter's lease expired while it waited")
+
+    async def _find(self, cluster: Cluster, deadline: float | None) -> EtcdHolder | None:
+        try:
+            kv, revision = await cluster.first(self._prefix, deadline)
+        except (DeadlinePassed, EtcdUnavailable):
+            return None
+        return None if kv is None else decode_holder(self.name, kv, revision, self.endpoints)
+
+    def _wake_object_waiter(self) -> None:
+        wake_object_waiter(self)
+
+    # -- releasing -----------------------------------------------------------
+
+    def _take_session(self) -> tuple[Session, object]:
+        session, attempt = self._session, self._holding()
+        if self._owner is None or session is None or attempt is None:
+            raise NotHeld(f"{self.path}: release() of a lock this EtcdLock object does not hold")
+        self._session = None
+        self._owner = None
+        self._attempt = None
+        return session, attempt
+
+    def _release_object(self, attempt: object) -> None:
+        if lib.pl_disown(self._lf, id(attempt), 0) > 0:
+            _lock._ring(self)
+
+    def release(self) -> None:
+        """Release the lock: its key is deleted at once, which wakes the next waiter.
+
+        If etcd cannot be reached, a warning is logged and the lock frees
+        itself when the lease expires (within ttl seconds).
+        """
+        session, attempt = self._take_session()
+        try:
+            if threading.current_thread() is etcd_loop().thread:
+                etcd_loop().loop.create_task(session.end())
+            else:
+                run_blocking(session.end())
+        finally:
+            self._release_object(attempt)
+
+    async def release_async(self) -> None:
+        """release() without blocking the event loop for the round trip."""
+        session, attempt = self._take_session()
+        try:
+            await run_async(session.end())
+        finally:
+            self._release_object(attempt)
+
+    def close(self) -> None:
+        """Release the lock if this object holds it."""
+        if self.locked:
+            self.release()
+
+    # -- diagnostics ---------------------------------------------------------
+
+    def holder(self) -> EtcdHolder | None:
+        """Who holds the lock now (maybe this process), read from etcd; None when free."""
+        return run_blocking(self._holder_now())
+
+    async def _holder_now(self) -> EtcdHolder | None:
+        cluster = etcd_loop().cluster(self.endpoints)
+        kv, revision = await cluster.first(self._prefix, time.monotonic() + REQUEST_TIMEOUT)
+        return None if kv is None else decode_holder(self.name, kv, revision, self.endpoints)
+
+    # -- context managers ----------------------------------------------------
+
+    def __enter__(self) -> EtcdLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    async def __aenter__(self) -> EtcdLock:
+        await self.acquire_async()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.release_async()
+
+
+ACQUIRE_ASYNC_CODES.add(id(EtcdLock.acquire_async.__code__))
+
+
+def _forget_after_fork() -> None:
+    # A forked child does not hold its parent's etcd locks: releasing them
+    # there would revoke the parent's lease.
+    for lock in list(_all_locks):
+        lock._session = None
+        lock._owner = None
+        lock._attempt = None
+        lock._lf.owner = 0  # the child has one thread: nobody owns anything
+        lock._bell = _lock._new_bell()
+        lock._object_waiters = []
+        lock._object_waiters_mu = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

@@ -1,0 +1,220 @@
+"""claim_unix_socket against a live listener, a stale socket file and files that are not sockets;
+and the per-user runtime directory's checks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import pylock
+from pylock._daemon.dirs import UnsafeDirectory
+from tests.support.procs import NOBODY
+
+LISTENER = textwrap.dedent(
+    """
+    import socket, sys
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(sys.argv[1])
+    s.listen(int(sys.argv[2]))
+    print("listening", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def start_listener(path: Path, backlog: int = 8) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LISTENER, str(path), str(backlog)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "listening"
+    return proc
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait()
+
+
+def test_a_live_listener_is_refused_and_named(tmp_path):
+    path = tmp_path / "d.sock"
+    live = start_listener(path)
+    try:
+        before = path.lstat()
+        with pytest.raises(pylock.SocketInUse) as caught:
+            pylock.claim_unix_socket(path)
+        assert caught.value.peer is not None
+        assert caught.value.peer.pid == live.pid and caught.value.peer.uid == os.getuid()
+        assert f"pid {live.pid}" in str(caught.value) and str(path) in str(caught.value)
+        assert path.lstat().st_ino == before.st_ino  # left in place
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(path))  # and still serving
+    finally:
+        stop(live)
+
+
+def test_a_listener_with_a_full_backlog_is_live_and_the_probe_does_not_hang(tmp_path):
+    path = tmp_path / "d.sock"
+    live = start_listener(path, backlog=0)
+    clients = []
+    full = False
+    try:
+        # Fill the backlog (the listener never accepts).
+        for _ in range(64):
+            client = socket.socket(socket.AF_UNIX)
+            client.setblocking(False)
+            try:
+                client.connect(str(path))
+            except BlockingIOError:
+                client.close()
+                full = True
+                break
+            clients.append(client)
+        assert full
+        with pytest.raises(pylock.SocketInUse):
+            pylock.claim_unix_socket(path)
+        assert path.exists()
+    finally:
+        for client in clients:
+            client.close()
+        stop(live)
+
+
+def test_a_stale_socket_file_is_replaced(tmp_path, caplog):
+    path = tmp_path / "d.sock"
+    dead = start_listener(path)
+    dead.kill()
+    dead.wait()
+    assert stat.S_ISSOCK(path.lstat().st_mode)
+    sock = pylock.claim_unix_socket(path, mode=0o660)
+    try:
+        assert path.lstat().st_mode & 0o777 == 0o660
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(path))
+            conn, _ = sock.accept()
+            conn.close()
+        assert "dead socket file" in caplog.text
+    finally:
+        sock.close()
+
+
+def test_a_stale_datagram_socket_file_is_replaced(tmp_path):
+    path = tmp_path / "d.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as dgram:
+        dgram.bind(str(path))
+    pylock.claim_unix_socket(path).close()
+
+
+def test_a_live_datagram_socket_is_refused(tmp_path):
+    path = tmp_path / "d.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as dgram:
+        dgram.bind(str(path))
+        with pytest.raises(pylock.SocketInUse):
+            pylock.claim_unix_socket(path)
+        assert path.exists()
+
+
+def test_a_regular_file_is_left_intact(tmp_path):
+    path = tmp_path / "d.sock"
+    path.write_bytes(b"precious data")
+    with pytest.raises(pylock.SocketInUse, match="regular file"):
+        pylock.claim_unix_socket(path)
+    assert path.read_bytes() == b"precious data"
+
+
+def test_a_symlink_and_a_directory_are_left_intact(tmp_path):
+    target = tmp_path / "target"
+    target.write_bytes(b"x")
+    link = tmp_path / "link.sock"
+    link.symlink_to(target)
+    with pytest.raises(pylock.SocketInUse, match="symbolic link"):
+        pylock.claim_unix_socket(link)
+    assert link.is_symlink() and target.read_bytes() == b"x"
+    directory = tmp_path / "dir.sock"
+    directory.mkdir()
+    with pytest.raises(pylock.SocketInUse, match="directory"):
+        pylock.claim_unix_socket(directory)
+    assert directory.is_dir()
+
+
+def test_a_fresh_path_is_bound(tmp_path):
+    sock = pylock.claim_unix_socket(tmp_path / "new.sock")
+    try:
+        assert sock.getsockname() == str(tmp_path / "new.sock")
+    finally:
+        sock.close()
+
+
+# -- the per-user runtime directory ----------------------------------------------
+
+
+@pytest.fixture
+def no_runtime_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("PYLOCK_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    (tmp_path / "xdg").mkdir(mode=0o700)
+
+
+def test_runtime_dir_under_xdg_is_created_private(no_runtime_env, tmp_path):
+    path = pylock.runtime_dir()
+    assert path == str(tmp_path / "xdg" / "pylock")
+    st = os.lstat(path)
+    assert st.st_mode & 0o777 == 0o700 and st.st_uid == os.geteuid()
+
+
+def test_runtime_dir_without_xdg_is_private_in_tmp(monkeypatch, tmp_path):
+    monkeypatch.delenv("PYLOCK_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # gettempdir() caches its answer
+    try:
+        path = pylock.runtime_dir()
+    finally:
+        tempfile.tempdir = None
+    assert path == str(tmp_path / f"pylock-{os.geteuid()}")
+    assert os.lstat(path).st_mode & 0o777 == 0o700
+
+
+def test_a_group_writable_runtime_dir_is_refused(no_runtime_env, tmp_path):
+    (tmp_path / "xdg" / "pylock").mkdir(mode=0o700)
+    (tmp_path / "xdg" / "pylock").chmod(0o770)
+    with pytest.raises(UnsafeDirectory, match="group- or world-writable"):
+        pylock.singleton("agent")
+
+
+def test_a_symlinked_runtime_dir_is_refused(no_runtime_env, tmp_path):
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / "xdg" / "pylock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafeDirectory, match="symbolic link"):
+        pylock.singleton("agent")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+@pytest.mark.root  # make a directory of another user
+def test_a_runtime_dir_of_another_user_is_refused(monkeypatch, tmp_path):
+    planted = tmp_path / "planted"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, *NOBODY)
+    monkeypatch.setenv("PYLOCK_RUNTIME_DIR", str(planted))
+    with pytest.raises(UnsafeDirectory, match="belongs to uid 65534"):
+        pylock.singleton("agent")
+    assert list(planted.iterdir()) == []
+
+
+def test_pylock_runtime_dir_overrides_xdg(no_runtime_env, monkeypatch, tmp_path):
+    monkeypatch.setenv("PYLOCK_RUNTIME_DIR", str(tmp_path / "mine"))
+    assert pylock.runtime_dir() == str(tmp_path / "mine")
+    assert not (tmp_path / "xdg" / "pylock").exists()
+    shutil.rmtree(tmp_path / "mine")

@@ -2,5 +2,5 @@
 (native), errors, timeouts, the kernel wait primitive, /proc readers,
 filesystem facts, process identity and safe display.
 
-Imports nothing of pylock outside _core (and pylock._native, through native).
+Imports nothing of pylock outside _core (and the compiled module, through native).
 """

@@ -102,7 +102,7 @@ def test_no_module_imports_itself_back_through_others() -> None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt) :] + [nxt])
+                cycles.append([*stack[stack.index(nxt) :], nxt])
             elif nxt not in state:
                 visit(nxt)
         stack.pop()

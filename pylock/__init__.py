@@ -5,15 +5,8 @@ The kernel decides (flock, LockFileEx, pidfd, kqueue, process handles); the
 holder record only explains.
 """
 
-from ._core.errors import (
-    LockError,
-    LockFileError,
-    LockHeld,
-    LockTimeout,
-    NotHeld,
-    ReentrantAcquire,
-    UnsafeFilesystem,
-)
+from ._core.errors import LockError, LockFileError, UnsafeFilesystem
+from ._lock.errors import LockHeld, LockTimeout, NotHeld, ReentrantAcquire
 from ._lock.lock import Lock
 
 TYPE_CHECKING = False  # typing itself is not imported at run time

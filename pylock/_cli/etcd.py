@@ -18,7 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._core.errors import LockError, LockHeld
+from .._core.errors import LockError
+from .._lock.errors import LockHeld
 from .args import UsageError
 
 DEFAULT_TTL = 10

@@ -44,7 +44,8 @@ class Exit(Exception):
 
 def lock_path(call: Invocation, path: str) -> tuple[int, Any]:
     """Open and lock the file at path; returns its descriptor and what keeps it open."""
-    from .._core.errors import NOT_REGULAR, LockFileError, LockHeld, LockTimeout, UnsafeFilesystem
+    from .._core.errors import NOT_REGULAR, LockFileError, UnsafeFilesystem
+    from .._lock.errors import LockHeld, LockTimeout
 
     if call.mode == UNLOCK or _foreign_content(path):
         # -u only unlocks; a file with someone else's bytes (a script that
@@ -227,7 +228,7 @@ def _status(what: str, holder: Any) -> Any:
 
 
 def _holder_text(holder: Any) -> str:
-    from .._core.errors import describe_holder
+    from .._lock.errors import describe_holder
 
     return describe_holder(holder) if holder is not None else "nobody (about to be granted)"
 

@@ -1,52 +1,18 @@
-"""pylock's exceptions: every failure names the path, the holder and what to do."""
+"""The errors of the lock file and its filesystem, and the base of every pylock error.
+
+Every failure names the path and what to do.  The errors that name a holder
+(LockHeld, LockTimeout) and those of the lock object's use (ReentrantAcquire,
+NotHeld) belong to the lock itself: pylock._lock.errors.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
 
-TYPE_CHECKING = False  # typing is not imported at run time: it costs a millisecond
-if TYPE_CHECKING:
-    from .._lock.holder import Holder
-
 
 class LockError(Exception):
     """Base class of every error pylock raises."""
-
-
-class LockHeld(LockError):
-    """The lock is held by another owner and the caller did not (or no longer) wait."""
-
-    def __init__(self, path: str, holder: Holder | None, message: str | None = None):
-        self.path = path
-        self.holder = holder
-        super().__init__(message or f"{path} is held by {describe_holder(holder)}")
-
-    def __reduce__(self) -> tuple[object, ...]:  # keeps errors intact across processes
-        return (LockHeld, (self.path, self.holder, str(self)))
-
-
-class LockTimeout(LockHeld, TimeoutError):
-    """The lock stayed held until the timeout passed."""
-
-    def __init__(self, path: str, holder: Holder | None, timeout: float):
-        self.timeout = timeout
-        super().__init__(
-            path,
-            holder,
-            f"timed out after {timeout:g} s waiting for {path}: held by {describe_holder(holder)}",
-        )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (LockTimeout, (self.path, self.holder, self.timeout))
-
-
-class ReentrantAcquire(LockError, RuntimeError):
-    """The calling thread (or task) already holds this lock: waiting would deadlock."""
-
-
-class NotHeld(LockError, RuntimeError):
-    """release() of a lock this object does not hold."""
 
 
 class UnsafeFilesystem(LockError):
@@ -122,14 +88,8 @@ def advice_for(code: int) -> str:
 
 
 # The C core's own codes (PL_E_SYMLINK, PL_E_NOTREG); checked against the
-# compiled values in _lock.py at import.
+# compiled values in native.py at import.
 SYMLINK = 10001
 NOT_REGULAR = 10002
 # pylock's own (no C code): the path is on proc, sysfs, cgroup...
 PSEUDO_FS = 10101
-
-
-def describe_holder(holder: Holder | None) -> str:
-    if holder is None:
-        return "another process (it released the lock before it could be identified)"
-    return holder.describe()

@@ -22,8 +22,9 @@ import sys
 from typing import Any
 
 from .._core import procfs as _procfs
-from .._core.errors import LockError, LockHeld, describe_holder
+from .._core.errors import LockError
 from .._core.process import Pinned, PinUnavailable, pin
+from .._lock.errors import LockHeld, describe_holder
 from .._lock.holder import Holder, _inspect
 from .._lock.lock import Lock
 from .dirs import runtime_dir

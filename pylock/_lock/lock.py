@@ -9,19 +9,11 @@ from _thread import _local, allocate_lock
 from _weakrefset import WeakSet  # what weakref.WeakSet is, without weakref's import cost
 
 from .._core import fs as _fs
-from .._core.errors import (
-    PSEUDO_FS,
-    LockError,
-    LockFileError,
-    LockHeld,
-    LockTimeout,
-    NotHeld,
-    ReentrantAcquire,
-    UnsafeFilesystem,
-)
+from .._core.errors import PSEUDO_FS, LockError, LockFileError, UnsafeFilesystem
 from .._core.native import check, fail, ffi, lib, open_lock_file
 from .._core.timeout import deadline_of, ns_left, seconds_left
 from .._core.wait import passed, thread_waiter
+from .errors import LockHeld, LockTimeout, NotHeld, ReentrantAcquire
 
 # `import pylock` must cost little more than the interpreter's own start
 # (services import it at start, operators run `pylock run` in shell loops):

@@ -8,11 +8,11 @@ import contextlib
 import errno
 from typing import Any, Protocol
 
-from .._core.errors import ReentrantAcquire
 from .._core.native import fail, ffi, lib
 from .._core.timeout import deadline_of, seconds_left
 from .._core.wait import LoopWait, passed
 from . import lock as _lock
+from .errors import ReentrantAcquire
 from .lock import Lock
 
 

@@ -20,10 +20,10 @@ from types import TracebackType
 from typing import Any, Callable
 from urllib.parse import quote
 
-from .._core.errors import LockHeld, LockTimeout, NotHeld, ReentrantAcquire
 from .._core.native import ffi, lib
 from .._core.timeout import check_timeout, deadline_of, seconds_left
 from .._lock import lock as _lock
+from .._lock.errors import LockHeld, LockTimeout, NotHeld, ReentrantAcquire
 from .._lock.lock_async import ACQUIRE_ASYNC_CODES, task_owner, wait_for_object, wake_object_waiter
 from .._lock.record import check_info
 from .client import (

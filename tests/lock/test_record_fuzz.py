@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pylock
-from pylock._core.errors import LockHeld
+from pylock import LockHeld
 from pylock._core.process import identity_of, self_identity
 from pylock._lock import holder as _holder
 from pylock._lock import record as _record

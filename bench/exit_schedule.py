@@ -46,6 +46,7 @@ TARGET_LATENCY_MS = 100.0
 def profile_schedule(pids: list[int], seconds: float) -> dict[str, float]:
     """Run the shared schedule by hand over pids in this process; where its CPU goes."""
     from pylock._core.process import identity_of
+    from pylock._core.procfs import pid_max
     from pylock._exit import schedule as _exit_schedule
 
     schedule = _exit_schedule.IdentitySchedule(threaded=False)
@@ -74,11 +75,9 @@ def profile_schedule(pids: list[int], seconds: float) -> dict[str, float]:
         "sweep_pct": st["sweep_cpu_s"] / elapsed * 100,
         "held": int(st["held"]),
         "ms_per_round": fixed / max(1, st["rounds"]) * 1e3,
-        "pids_per_s": ((fp1[1] - fp0[1]) % _exit_schedule._pid_max()) / elapsed
-        if fp0 and fp1
-        else float("nan"),
+        "pids_per_s": ((fp1[1] - fp0[1]) % pid_max()) / elapsed if fp0 and fp1 else float("nan"),
         "tasks_delta": (fp0[0] - fp1[0]) if fp0 and fp1 else 0,
-        "pid_max": _exit_schedule._pid_max(),
+        "pid_max": pid_max(),
         "quiet_pct": fixed / max(1, st["rounds"]) / _exit_schedule.TICK * 100,
     }
 

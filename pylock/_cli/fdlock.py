@@ -94,7 +94,7 @@ def kernel_holders(fd: int) -> list[Holder]:
 def kernel_holders_of(dev: int, ino: int) -> list[Holder]:
     """Every process whose descriptor holds a flock on (dev, ino), described from /proc alone."""
     from .._core.process import identity_of
-    from .._core.procfs import holders_of
+    from .._core.procfs import cmdline, holders_of
     from .._lock.holder import Holder
     from .._lock.record import hostname
 
@@ -103,7 +103,7 @@ def kernel_holders_of(dev: int, ino: int) -> list[Holder]:
         ident = identity_of(lock.pid)
         if ident is None:
             continue  # exited meanwhile
-        argv = _cmdline(lock.pid)
+        argv = cmdline(lock.pid)
         found.append(
             Holder(
                 pid=lock.pid,
@@ -120,28 +120,9 @@ def kernel_holders_of(dev: int, ino: int) -> list[Holder]:
     return found
 
 
-def _cmdline(pid: int) -> tuple[str, ...]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read(8192)
-    except OSError:
-        return ()
-    return tuple(os.fsdecode(part) for part in raw.split(b"\0") if part)
-
-
-def listed_in_proc_locks(dev: int, ino: int) -> bool | None:
-    """Whether the kernel's lock table lists a flock on (dev, ino); None if unreadable."""
-    key = f" {os.major(dev):02x}:{os.minor(dev):02x}:{ino} ".encode()
-    try:
-        with open("/proc/locks", "rb") as f:
-            return any(key in line and b"FLOCK" in line for line in f)
-    except OSError:
-        return None
-
-
 def describe_descriptor(fd: int) -> str:
     """What fd names, for messages: its path when /proc shows it."""
-    try:
-        return f"descriptor {fd} ({os.readlink(f'/proc/self/fd/{fd}')})"
-    except OSError:
-        return f"descriptor {fd}"
+    from .._core.procfs import fd_path
+
+    path = fd_path(fd)
+    return f"descriptor {fd}" if path is None else f"descriptor {fd} ({path})"

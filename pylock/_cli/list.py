@@ -109,8 +109,8 @@ def main(argv: Sequence[str]) -> int:
 def inspect(path: str) -> Entry | None:
     """The lock file at path, or None when it is not one."""
     from .._core.process import ProcessIdentity, identity_of, same_process
+    from .._core.procfs import proc_locks
     from .._lock.record import MAX_RECORD, parse
-    from .fdlock import listed_in_proc_locks
 
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     try:
@@ -122,9 +122,9 @@ def inspect(path: str) -> Entry | None:
         if not stat.S_ISREG(st.st_mode):
             return None
         head = os.pread(fd, MAX_RECORD, 0)
-        held = listed_in_proc_locks(st.st_dev, st.st_ino)
-        if held is None:  # no lock table: a shared probe, given back at once
-            held = _probe_held(fd)
+        table = proc_locks(st.st_dev, st.st_ino)
+        # No lock table: a shared probe, given back at once.
+        held = _probe_held(fd) if table is None else bool(table)
     except OSError:
         return None
     finally:

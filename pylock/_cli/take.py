@@ -205,15 +205,12 @@ def _open_failed(path: str, exc: OSError) -> NoReturn:
 
 
 def _umask() -> int:
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)  # one thread here: reading it by setting it is safe
-    os.umask(mask)
+    from .._core.procfs import own_umask
+
+    mask = own_umask()
+    if mask is None:
+        mask = os.umask(0o022)  # one thread here: reading it by setting it is safe
+        os.umask(mask)
     return mask
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 import time
@@ -140,20 +139,9 @@ def _pid(word: str) -> int:
         raise UsageError(f"not a process id: '{word}'")
     if pid == os.getpid():
         raise UsageError(f"{pid} is this pylock process itself")
-    tgid = _thread_group(pid)
+    from .._core.procfs import thread_group
+
+    tgid = thread_group(pid)
     if tgid is not None and tgid != pid:
         raise UsageError(f"{pid} is a thread of process {tgid}, not a process")
     return pid
-
-
-def _thread_group(pid: int) -> int | None:
-    """The process a Linux task id belongs to (None when it is gone or unknown)."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Tgid:"):
-                    return int(line.split()[1])
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ESRCH, errno.EACCES):
-            raise
-    return None

@@ -109,38 +109,18 @@ def same_process(a: ProcessIdentity, b: ProcessIdentity) -> bool:
     return a.start_time == b.start_time
 
 
-def _pid_max() -> int:
-    if _LINUX:
-        try:
-            with open("/proc/sys/kernel/pid_max", "rb") as f:
-                return int(f.read())
-        except (OSError, ValueError):
-            pass
-    return 2**31 - 1
-
-
 def check_pid(pid: Any) -> int:
     """pid as an int, or ValueError naming why it cannot be a process id."""
     if isinstance(pid, bool) or not isinstance(pid, int):
         raise TypeError(f"a process id must be an int, not {type(pid).__name__}")
     if pid <= 0:
         raise ValueError(f"{pid} is not a process id: process ids are positive")
-    limit = _pid_max()
+    from .procfs import pid_max
+
+    limit = pid_max()
     if pid > limit:
         raise ValueError(f"{pid} is not a process id: this system's pid_max is {limit}")
     return pid
-
-
-def _thread_group_of(pid: int) -> int | None:
-    """Linux: the process (thread group) that the id pid belongs to, if visible."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Tgid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def refuse_thread_id(pid: int) -> None:
@@ -152,7 +132,9 @@ def refuse_thread_id(pid: int) -> None:
     """
     if not _LINUX:
         return
-    owner = _thread_group_of(pid)
+    from .procfs import thread_group
+
+    owner = thread_group(pid)
     if owner is None or owner == pid:
         return
     whose = "this process" if owner == os.getpid() else f"process {owner}"

@@ -1,5 +1,8 @@
-"""Who holds a lock, as the Linux kernel shows it in /proc/<pid>/fdinfo and
-/proc/locks.  Reading them takes no lock, so looking never disturbs anyone.
+"""Every reader of Linux's /proc in pylock: who holds a lock (fdinfo and
+/proc/locks), a process's command line and status (thread group, uids,
+umask), pid_max, and the sockets bound to a port.  Reading takes no lock, so
+looking never disturbs anyone; a file that cannot be read (another user's
+process, one that has gone, no /proc at all) is an answer, never an error.
 
 An fdinfo file carries a "lock:" line for each lock owned by that open file
 description, so it names the real holders: the processes sharing an
@@ -13,23 +16,46 @@ it" and names holders whose fdinfo this user may not read, never verified.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections import namedtuple
 
 PROC = "/proc"
 
+# Loaded by `pylock run` and the first acquisition's helpers: typing (for
+# NamedTuple) would cost start-up time, so the tuples are collections'.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import NamedTuple
 
-class FdLock(NamedTuple):
-    pid: int
-    fd: int
-    shared: bool
+    class FdLock(NamedTuple):
+        """A descriptor of pid whose open file description owns a flock."""
+
+        pid: int
+        fd: int
+        shared: bool
+
+    class TableLock(NamedTuple):
+        """A line of /proc/locks: pid 0 when the taker is outside our pid namespace."""
+
+        pid: int
+        shared: bool
+
+else:
+    FdLock = namedtuple("FdLock", "pid fd shared")
+    TableLock = namedtuple("TableLock", "pid shared")
+
+_MAX_READ = 8192  # a status, cmdline or fdinfo file: what pylock reads of it at most
 
 
-class TableLock(NamedTuple):
-    """A line of /proc/locks: pid 0 when the taker is outside our pid namespace."""
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(_MAX_READ)
+    except OSError:
+        return b""
 
-    pid: int
-    shared: bool
+
+# -- locks: fdinfo and /proc/locks ----------------------------------------------
 
 
 def _lock_key(dev: int, ino: int) -> str:
@@ -39,11 +65,7 @@ def _lock_key(dev: int, ino: int) -> str:
 
 def _fd_locks(pid: int, fd_name: str, key: str) -> bool | None:
     """True/False (shared or not) when this descriptor holds a flock on key."""
-    try:
-        with open(f"{PROC}/{pid}/fdinfo/{fd_name}", "rb") as f:
-            text = f.read(8192)
-    except OSError:
-        return None
+    text = _read(f"{PROC}/{pid}/fdinfo/{fd_name}")
     if b"lock:" not in text:
         return None
     for line in text.decode("ascii", "replace").splitlines():
@@ -75,14 +97,17 @@ def pid_holds(pid: int, dev: int, ino: int) -> bool | None:
     return None if mode is None else mode != ""
 
 
+def _pids() -> list[int]:
+    try:
+        return sorted(int(name) for name in os.listdir(PROC) if name.isdigit())
+    except OSError:
+        return []
+
+
 def holders_of(dev: int, ino: int) -> Iterator[FdLock]:
     """Every (pid, fd) whose open file description owns a flock on (dev, ino)."""
     key = _lock_key(dev, ino)
-    try:
-        pids = [int(name) for name in os.listdir(PROC) if name.isdigit()]
-    except OSError:
-        return
-    for pid in sorted(pids):
+    for pid in _pids():
         try:
             fds = os.listdir(f"{PROC}/{pid}/fdinfo")
         except OSError:
@@ -116,30 +141,124 @@ def proc_locks(dev: int, ino: int) -> list[TableLock] | None:
     return found
 
 
-def _read(pid: int, name: str) -> bytes:
-    try:
-        with open(f"{PROC}/{pid}/{name}", "rb") as f:
-            return f.read(8192)
-    except OSError:
-        return b""
+# -- a process: command line and status ------------------------------------------
+
+
+def cmdline(pid: int | str) -> tuple[str, ...]:
+    """pid's argv as the kernel shows it ("self": this process's); empty for
+    a kernel thread, a zombie, or a process that has gone."""
+    raw = _read(f"{PROC}/{pid}/cmdline")
+    return tuple(os.fsdecode(part) for part in raw.split(b"\0") if part)
 
 
 def command_of(pid: int) -> tuple[str, tuple[str, ...]]:
     """(program, argv) of a process as the kernel shows them: argv from
     cmdline, the program its first word's name, or comm when cmdline is empty
     (a kernel thread, a zombie)."""
-    argv = tuple(os.fsdecode(part) for part in _read(pid, "cmdline").split(b"\0") if part)
+    argv = cmdline(pid)
     if argv:
         return os.path.basename(argv[0]), argv
-    return os.fsdecode(_read(pid, "comm").rstrip(b"\n")), ()
+    return os.fsdecode(_read(f"{PROC}/{pid}/comm").rstrip(b"\n")), ()
 
 
-def euid_of(pid: int) -> int | None:
-    """pid's effective uid, from its status; None when it cannot be read."""
-    for line in _read(pid, "status").splitlines():
-        if line.startswith(b"Uid:"):
+def _status_field(pid: int | str, label: bytes) -> list[bytes]:
+    """The words after label (b"Uid:") in pid's status; [] when unreadable."""
+    for line in _read(f"{PROC}/{pid}/status").splitlines():
+        if line.startswith(label):
+            return line.split()[1:]
+    return []
+
+
+def _int_field(pid: int | str, label: bytes, index: int, base: int = 10) -> int | None:
+    words = _status_field(pid, label)
+    try:
+        return int(words[index], base)
+    except (IndexError, ValueError):
+        return None
+
+
+def thread_group(pid: int) -> int | None:
+    """The process (thread group) the Linux task id pid belongs to; None
+    when it has gone or cannot be read."""
+    return _int_field(pid, b"Tgid:", 0)
+
+
+def uids(pid: int) -> tuple[int, int] | None:
+    """pid's real and effective uid; None when it has gone or cannot be read."""
+    words = _status_field(pid, b"Uid:")
+    try:
+        return int(words[0]), int(words[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def own_umask() -> int | None:
+    """This process's umask, read without setting it (Linux 4.7+); None elsewhere."""
+    return _int_field("self", b"Umask:", 0, 8)
+
+
+def pid_max() -> int:
+    """The largest pid this system hands out (2**31 - 1 where /proc does not say)."""
+    try:
+        with open(f"{PROC}/sys/kernel/pid_max", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 2**31 - 1
+
+
+def fd_path(fd: int) -> str | None:
+    """What this process's descriptor fd names, as /proc shows it; None when it cannot say."""
+    try:
+        return os.readlink(f"{PROC}/self/fd/{fd}")
+    except OSError:
+        return None
+
+
+# -- sockets: /proc/net and the processes' descriptors ------------------------------
+
+_TCP_LISTEN = "0A"
+
+
+def bound_sockets(port: int, protocol: str) -> dict[int, int]:
+    """inode -> uid of every socket bound to port (TCP: listening) in this
+    network namespace, IPv4 and IPv6 (protocol "tcp" or "udp")."""
+    found: dict[int, int] = {}
+    for table in (protocol, protocol + "6"):
+        try:
+            with open(f"{PROC}/net/{table}", encoding="ascii", errors="replace") as f:
+                next(f, None)  # the header
+                for line in f:
+                    fields = line.split()
+                    if len(fields) < 10:
+                        continue
+                    local_port = int(fields[1].rsplit(":", 1)[1], 16)
+                    if local_port != port or (protocol == "tcp" and fields[3] != _TCP_LISTEN):
+                        continue
+                    inode = int(fields[9])
+                    if inode:
+                        found[inode] = int(fields[7])
+        except (OSError, ValueError, IndexError):
+            continue  # no IPv6, or a table this kernel lays out otherwise
+    return found
+
+
+def socket_pids(inodes: set[int]) -> dict[int, list[int]]:
+    """inode -> the pids holding a descriptor on that socket (those we may look at)."""
+    targets = {f"socket:[{inode}]": inode for inode in inodes}
+    found: dict[int, list[int]] = {inode: [] for inode in inodes}
+    for pid in _pids():
+        fd_dir = f"{PROC}/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue  # another user's process, or gone
+        for fd in fds:
             try:
-                return int(line.split()[2])
-            except (IndexError, ValueError):
-                return None
-    return None
+                link = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            inode = targets.get(link)
+            if inode is not None:
+                found[inode].append(pid)
+                break
+    return found

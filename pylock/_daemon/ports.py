@@ -1,7 +1,7 @@
 """Port locks: one host-wide lock per port and protocol, taken before binding.
 
 Ports belong to the host, so their locks live in one directory shared by
-every user (see _dirs.port_dir).  When the bind fails while pylock's lock is
+every user (see dirs.port_dir).  When the bind fails while pylock's lock is
 held, the port is taken by a process outside pylock; it is named from the
 kernel's socket tables (/proc/net/{tcp,tcp6,udp,udp6}: the socket's inode
 and owner) and the processes' descriptors (/proc/PID/fd -> socket:[inode]).
@@ -16,11 +16,11 @@ import sys
 from typing import Any, NamedTuple
 
 from .._core.errors import LockError
+from .._core.procfs import bound_sockets, cmdline, socket_pids
 from .._lock.lock import Lock
 from .dirs import port_dir
 
 PROTOCOLS = ("tcp", "udp")
-_TCP_LISTEN = "0A"
 
 
 class Listener(NamedTuple):
@@ -180,61 +180,11 @@ def _reuse_address(sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 
 
-def _socket_inodes(port: int, protocol: str) -> dict[int, int]:
-    """inode -> uid of every socket bound to port (TCP: listening) in this network namespace."""
-    found: dict[int, int] = {}
-    for table in (protocol, protocol + "6"):
-        try:
-            with open(f"/proc/net/{table}", encoding="ascii", errors="replace") as f:
-                next(f, None)  # the header
-                for line in f:
-                    fields = line.split()
-                    if len(fields) < 10:
-                        continue
-                    local_port = int(fields[1].rsplit(":", 1)[1], 16)
-                    if local_port != port or (protocol == "tcp" and fields[3] != _TCP_LISTEN):
-                        continue
-                    inode = int(fields[9])
-                    if inode:
-                        found[inode] = int(fields[7])
-        except (OSError, ValueError, IndexError):
-            continue  # no IPv6, or a table this kernel lays out otherwise
-    return found
-
-
-def _pids_with_sockets(inodes: set[int]) -> dict[int, list[int]]:
-    """inode -> pids holding a descriptor on that socket (those pylock may look at)."""
-    targets = {f"socket:[{inode}]": inode for inode in inodes}
-    found: dict[int, list[int]] = {inode: [] for inode in inodes}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
-        if not name.isdigit():
-            continue
-        fd_dir = f"/proc/{name}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue  # another user's process, or gone
-        for fd in fds:
-            try:
-                link = os.readlink(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            inode = targets.get(link)
-            if inode is not None:
-                found[inode].append(int(name))
-                break
-    return found
-
-
 def listeners(port: int, protocol: str = "tcp") -> list[Listener]:
     """The sockets bound to port/protocol (TCP: listening) and the processes holding them."""
     _check(port, protocol)
-    inodes = _socket_inodes(port, protocol)
-    pids = _pids_with_sockets(set(inodes)) if inodes else {}
+    inodes = bound_sockets(port, protocol)
+    pids = socket_pids(set(inodes)) if inodes else {}
     return [Listener(inode, uid, tuple(sorted(pids[inode]))) for inode, uid in inodes.items()]
 
 
@@ -249,6 +199,6 @@ def user_name(uid: int) -> str:
 
 def _program(pid: int) -> str:
     """pid's command line, shortened to one readable line as holders are."""
-    from .._lock.holder import Holder, _cmdline
+    from .._lock.holder import Holder  # dataclasses: only to explain a failure
 
-    return Holder(pid=pid, argv=_cmdline(pid)).command() or "?"
+    return Holder(pid=pid, argv=cmdline(pid)).command() or "?"

@@ -96,19 +96,6 @@ def _refuse(path: str, holder: Holder | None, why: str) -> TakeoverRefused:
     )
 
 
-def _uids(pid: int) -> tuple[int, int] | None:
-    """Real and effective uid of pid, or None when it has gone."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    fields = line.split()
-                    return int(fields[1]), int(fields[2])
-    except OSError:
-        return None
-    return None
-
-
 def _verify(lock: Lock) -> _Victim | None:
     """The holder to signal, pinned; None when the lock is free again. Refuses otherwise."""
     path = lock.path
@@ -154,7 +141,7 @@ def _verify(lock: Lock) -> _Victim | None:
         return None  # it exited meanwhile
     try:
         # Pinned, the pid cannot move to another process: these facts are its own.
-        uids = _uids(holder.pid)
+        uids = _procfs.uids(holder.pid)
         me = os.geteuid()
         if uids is not None and uids != (me, me):
             raise _refuse(

@@ -54,6 +54,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._core.native import ffi, lib
+from .._core.procfs import pid_max
 
 log = logging.getLogger("pylock")
 
@@ -62,14 +63,6 @@ EXACT_PER_TICK = 16
 SWEEP_BUDGET = 0.02  # of a core, for step 2 on a busy machine, on average
 SWEEP_BURST = 1.0  # seconds of budget the credit holds at most
 MAX_HOLD = 1.0  # seconds a change may wait for the budget, at most
-
-
-def _pid_max() -> int:
-    try:
-        with open("/proc/sys/kernel/pid_max", "rb") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 2**31 - 1
 
 
 class IdentitySchedule:
@@ -93,7 +86,7 @@ class IdentitySchedule:
         self._credit_at = time.monotonic()
         # What the rounds cost, for bench/exit_schedule.py's profile.
         self.stats = {"rounds": 0, "round_cpu_s": 0.0, "sweeps": 0, "sweep_cpu_s": 0.0, "held": 0}
-        self._pid_max = _pid_max()
+        self._pid_max = pid_max()
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -85,11 +85,6 @@ class Holder:
 # -- what the kernel says about a process -------------------------------------------
 
 
-def _cmdline(pid: int) -> tuple[str, ...]:
-    """pid's argv as the kernel shows it (empty for a kernel thread or a zombie)."""
-    return _procfs.command_of(pid)[1]
-
-
 def _at(rec: dict[str, Any]) -> _dt.datetime | None:
     at = rec.get("acquired_at")
     return None if at is None else _dt.datetime.fromtimestamp(at, _dt.timezone.utc)
@@ -199,7 +194,8 @@ class _Inspection:
 
     def private_to(self, pid: int) -> bool:
         """Whether only pid's user (and root) can write the lock file."""
-        return self.uid == _procfs.euid_of(pid) and not self.mode & 0o022
+        ids = _procfs.uids(pid)
+        return ids is not None and self.uid == ids[1] and not self.mode & 0o022
 
     def record_for(self, ident: ProcessIdentity, shared: bool) -> dict[str, Any] | None:
         """The record, if it describes this process holding the lock exclusively:

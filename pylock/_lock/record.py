@@ -44,11 +44,9 @@ def program_argv() -> list[str]:
     """This process's command line as the kernel shows it (as fdinfo readers see it)."""
     if hasattr(sys, "orig_argv"):
         return list(sys.orig_argv)
-    try:  # Python 3.9: sys.argv lost "-c CODE" and "-m module"
-        with open("/proc/self/cmdline", "rb") as f:
-            return [os.fsdecode(part) for part in f.read().split(b"\0") if part]
-    except OSError:
-        return [sys.executable, *sys.argv]
+    from .._core.procfs import cmdline  # Python 3.9: sys.argv lost "-c CODE" and "-m module"
+
+    return list(cmdline("self") or (sys.executable, *sys.argv))
 
 
 def check_info(info: dict[str, Any] | None) -> None:

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from ._daemon.singleton import TakeoverRefused, singleton, singleton_async
     from ._daemon.unixsock import SocketInUse, claim_unix_socket
     from ._exit.api import ExitWatcher, ProcessExit, holder_exit, wait_exit
-    from ._lock.holder import Holder, holders
+    from ._lock.holder import Holder
+    from ._lock.lookup import holders
     from ._lock.protocol import SupportsLock
 
 # "import pylock" stays about as cheap as starting the interpreter: the
@@ -29,7 +30,7 @@ _LAZY = {
     "holder_exit": "_exit.api",
     "wait_exit": "_exit.api",
     "Holder": "_lock.holder",
-    "holders": "_lock.holder",
+    "holders": "_lock.lookup",
     "SupportsLock": "_lock.protocol",  # typing's Protocol
     # The daemon kit: singletons, ports, sockets (socket, signal and more).
     "TakeoverRefused": "_daemon.singleton",

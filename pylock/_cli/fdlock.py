@@ -87,37 +87,10 @@ def unlock_descriptor(fd: int) -> None:
 
 def kernel_holders(fd: int) -> list[Holder]:
     """The other processes the kernel shows holding a flock on fd's file (Linux fdinfo)."""
+    from .._lock.lookup import kernel_holders_of
+
     st = os.fstat(fd)
     return [h for h in kernel_holders_of(st.st_dev, st.st_ino) if h.pid != os.getpid()]
-
-
-def kernel_holders_of(dev: int, ino: int) -> list[Holder]:
-    """Every process whose descriptor holds a flock on (dev, ino), described from /proc alone."""
-    from .._core.process import identity_of
-    from .._core.procfs import cmdline, holders_of
-    from .._lock.holder import Holder
-    from .._lock.record import hostname
-
-    found = []
-    for lock in holders_of(dev, ino):
-        ident = identity_of(lock.pid)
-        if ident is None:
-            continue  # exited meanwhile
-        argv = cmdline(lock.pid)
-        found.append(
-            Holder(
-                pid=lock.pid,
-                start_time=ident.start_time,
-                boot_id=ident.boot_id,
-                pidfs_ino=ident.pidfs_ino,
-                hostname=hostname(),
-                program=os.path.basename(argv[0]) if argv else "",
-                argv=argv,
-                verified=True,
-                shared=lock.shared,
-            )
-        )
-    return found
 
 
 def describe_descriptor(fd: int) -> str:

@@ -108,9 +108,11 @@ def main(argv: Sequence[str]) -> int:
 
 def inspect(path: str) -> Entry | None:
     """The lock file at path, or None when it is not one."""
-    from .._core.process import ProcessIdentity, identity_of, same_process
+    from .._core.process import identity_of, same_process
     from .._core.procfs import proc_locks
-    from .._lock.record import MAX_RECORD, parse
+    from .._lock.lookup import held_by_probe
+    from .._lock.record import MAX_RECORD, identity
+    from .._lock.record import parse as parse_record
 
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     try:
@@ -124,13 +126,13 @@ def inspect(path: str) -> Entry | None:
         head = os.pread(fd, MAX_RECORD, 0)
         table = proc_locks(st.st_dev, st.st_ino)
         # No lock table: a shared probe, given back at once.
-        held = _probe_held(fd) if table is None else bool(table)
+        held = held_by_probe(fd) if table is None else bool(table)
     except OSError:
         return None
     finally:
         os.close(fd)
     entry = Entry(path)
-    entry.record = parse(head)
+    entry.record = parse_record(head)
     if entry.record is None and not held and head:
         return None  # someone's data, not a lock file
     if held:
@@ -142,28 +144,10 @@ def inspect(path: str) -> Entry | None:
             return None
     rec = entry.record
     if rec is not None:
-        recorded = ProcessIdentity(
-            int(rec["pid"]),
-            _int(rec.get("start_time")),
-            str(rec.get("boot_id", "")),
-            _int(rec.get("pidfs_ino")),
-        )
+        recorded = identity(rec)
         now = identity_of(recorded.pid)
         entry.record_alive = now is not None and same_process(now, recorded)
     return entry
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _probe_held(fd: int) -> bool:
-    from .._core.native import lib
-
-    if lib.pl_try_lock(fd, 1) == 0:
-        lib.pl_unlock(fd)
-        return False
-    return True
 
 
 def clean(entry: Entry) -> None:

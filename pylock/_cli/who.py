@@ -88,7 +88,7 @@ def main(argv: Sequence[str]) -> int:
 def who(path: str, every: bool = False) -> list[Any]:
     """The holders of the lock at path: [] when free.  Raises PathProblem."""
     from .._core.errors import NOT_REGULAR, LockFileError
-    from .._lock.holder import find_holder, holders
+    from .._lock.lookup import find_holder, holders
 
     full = os.path.abspath(path)
     parent = os.path.dirname(full)

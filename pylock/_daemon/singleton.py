@@ -19,14 +19,16 @@ import os
 import signal
 import stat
 import sys
+from collections.abc import Generator
 from typing import Any
 
 from .._core import procfs as _procfs
 from .._core.errors import LockError
 from .._core.process import Pinned, PinUnavailable, pin
 from .._lock.errors import LockHeld, describe_holder
-from .._lock.holder import Holder, _inspect
+from .._lock.holder import Holder
 from .._lock.lock import Lock
+from .._lock.lookup import inspect
 from .dirs import runtime_dir
 
 log = logging.getLogger("pylock")
@@ -96,9 +98,9 @@ def _refuse(path: str, holder: Holder | None, why: str) -> TakeoverRefused:
     )
 
 
-def _verify(lock: Lock) -> _Victim | None:
-    """The holder to signal, pinned; None when the lock is free again. Refuses otherwise."""
-    path = lock.path
+def _verified_holder(path: str) -> tuple[Holder, tuple[int, int]] | None:
+    """The holder the record names and the kernel confirms, and the lock
+    file's (dev, ino); None when the file went away. Refuses otherwise."""
     if not sys.platform.startswith("linux"):
         raise _refuse(
             path,
@@ -106,7 +108,7 @@ def _verify(lock: Lock) -> _Victim | None:
             "verifying a holder needs the kernel's per-descriptor lock list "
             "(/proc/PID/fdinfo), which only Linux has",
         )
-    look = _inspect(path)
+    look = inspect(path)
     if look is None:
         return None  # the file went away: the next acquisition starts afresh
     try:
@@ -123,9 +125,18 @@ def _verify(lock: Lock) -> _Victim | None:
                 f"{why}. Only a holder whose record the kernel confirms is signalled; "
                 "stop the holder yourself",
             )
-        key = (look.dev, look.ino)
+        return holder, (look.dev, look.ino)
     finally:
         look.close()
+
+
+def _verify(lock: Lock) -> _Victim | None:
+    """The holder to signal, pinned; None when the lock is free again. Refuses otherwise."""
+    path = lock.path
+    found = _verified_holder(path)
+    if found is None:
+        return None
+    holder, key = found
     if holder.pid == os.getpid():
         raise _refuse(path, holder, "this very process holds it (through another Lock object)")
     try:
@@ -177,10 +188,15 @@ def _after_exit(lock: Lock, victim: _Victim, how: str) -> None:
     log.info("pylock: took over %s from pid %d (%s)", lock.path, victim.holder.pid, how)
 
 
-def take_over(lock: Lock, grace: float) -> None:
-    """Acquire lock, replacing its verified holder if it has one (see the module doc)."""
-    from .._exit.api import wait_exit
+# What a takeover waits for: the holder's exit, within so many seconds.
+_ExitWait = tuple[Holder, float]
 
+
+def _takeover(lock: Lock, grace: float) -> Generator[_ExitWait, bool, None]:
+    """Acquire lock, replacing its verified holder if it has one (see the
+    module doc).  The waits for the holder's exit are left to the caller,
+    so that one takeover serves threads and asyncio: each yields (holder,
+    timeout) and is sent back whether the holder exited in time."""
     for _ in range(3):  # the holder changed while we looked: look again
         try:
             lock.acquire(blocking=False)
@@ -191,7 +207,7 @@ def take_over(lock: Lock, grace: float) -> None:
             continue
         try:
             victim.signal(signal.SIGTERM)
-            if wait_exit(victim.holder, timeout=grace):
+            if (yield victim.holder, grace):
                 return _after_exit(lock, victim, "exited after SIGTERM")
             log.warning(
                 "pylock: pid %d still holds %s %g s after SIGTERM: sending SIGKILL",
@@ -200,7 +216,7 @@ def take_over(lock: Lock, grace: float) -> None:
                 grace,
             )
             victim.signal(signal.SIGKILL)
-            if not wait_exit(victim.holder, timeout=KILL_WAIT):
+            if not (yield victim.holder, KILL_WAIT):
                 raise _refuse(
                     lock.path,
                     victim.holder,
@@ -212,44 +228,41 @@ def take_over(lock: Lock, grace: float) -> None:
     lock.acquire(blocking=False)
 
 
+def take_over(lock: Lock, grace: float) -> None:
+    """Acquire lock, replacing its verified holder if it has one (see the module doc)."""
+    from .._exit.api import wait_exit
+
+    steps = _takeover(lock, grace)
+    try:
+        wait = next(steps)
+        while True:
+            holder, timeout = wait
+            wait = steps.send(wait_exit(holder, timeout=timeout))
+    except StopIteration:
+        pass
+    finally:
+        steps.close()  # an interrupted wait: the holder's pin is closed now
+
+
 async def take_over_async(lock: Lock, grace: float) -> None:
     """take_over for asyncio: the waits for the holder's exit do not block the loop."""
     from .._exit.api import holder_exit
 
-    for _ in range(3):
-        try:
-            lock.acquire(blocking=False)
-            return
-        except LockHeld:
-            victim = _verify(lock)
-        if victim is None:
-            continue
-        try:
-            victim.signal(signal.SIGTERM)
+    steps = _takeover(lock, grace)
+    try:
+        wait = next(steps)
+        while True:
+            holder, timeout = wait
             try:
-                await holder_exit(victim.holder, timeout=grace)
-                return _after_exit(lock, victim, "exited after SIGTERM")
+                await holder_exit(holder, timeout=timeout)
+                exited = True
             except TimeoutError:
-                pass
-            log.warning(
-                "pylock: pid %d still holds %s %g s after SIGTERM: sending SIGKILL",
-                victim.holder.pid,
-                lock.path,
-                grace,
-            )
-            victim.signal(signal.SIGKILL)
-            try:
-                await holder_exit(victim.holder, timeout=KILL_WAIT)
-            except TimeoutError:
-                raise _refuse(
-                    lock.path,
-                    victim.holder,
-                    f"it survived SIGKILL for {KILL_WAIT:g} s (uninterruptible sleep?)",
-                ) from None
-            return _after_exit(lock, victim, "was killed after the grace period")
-        finally:
-            victim.close()
-    lock.acquire(blocking=False)
+                exited = False
+            wait = steps.send(exited)
+    except StopIteration:
+        pass
+    finally:
+        steps.close()  # cancelled or interrupted: the holder's pin is closed now
 
 
 def singleton(
@@ -291,12 +304,11 @@ async def singleton_async(
 ) -> Lock:
     """singleton() for asyncio: a takeover awaits the old instance's exit on the loop."""
     grace = _check_grace(takeover)
+    if grace is None:  # no takeover: nothing to wait for
+        return singleton(name, directory=directory, info=info)
     lock = Lock(singleton_path(name, directory), info=info)
     try:
-        if grace is None:
-            lock.acquire(blocking=False)
-        else:
-            await take_over_async(lock, grace)
+        await take_over_async(lock, grace)
     except BaseException:
         lock.close()
         raise

@@ -436,7 +436,7 @@ class Lock:
     def _raise_held(self, blocking: bool, timeout: float | None) -> None:
         if _observer is not None:
             _observer.gave_up(self)
-        from .holder import find_holder
+        from .lookup import find_holder
 
         # Naming the holder is best-effort: it never replaces the answer
         # (out of descriptors, an unreadable /proc: the holder is unknown).
@@ -542,7 +542,7 @@ class Lock:
 
     def holder(self) -> Holder | None:
         """The process holding this lock now (maybe this one), or None when free."""
-        from .holder import find_holder
+        from .lookup import find_holder
 
         return find_holder(self.path)
 

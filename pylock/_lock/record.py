@@ -21,6 +21,9 @@ try:
 except ImportError:  # pragma: no cover - interpreters without the C accelerator
     from json.encoder import py_encode_basestring_ascii as _json_str
 
+from .._core.native import ffi, lib
+from .._core.process import ProcessIdentity
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -175,6 +178,22 @@ def parse(raw: bytes) -> dict[str, Any] | None:
     if not isinstance(fields, dict):
         return None
     return _checked(fields)
+
+
+def read(handle: int) -> dict[str, Any] | None:
+    """The record at the start of handle's file (at most MAX_RECORD bytes read), or None."""
+    buf = ffi.new("char[]", MAX_RECORD)
+    length = ffi.new("size_t *")
+    if lib.pl_read_record(handle, buf, MAX_RECORD, length) != 0:
+        return None
+    return parse(bytes(ffi.buffer(buf, length[0])))
+
+
+def identity(rec: dict[str, Any]) -> ProcessIdentity:
+    """The process a parsed record names (its start identity 0 or "" where it has none)."""
+    return ProcessIdentity(
+        rec["pid"], rec.get("start_time", 0), rec.get("boot_id", ""), rec.get("pidfs_ino", 0)
+    )
 
 
 def _checked(fields: dict[str, Any]) -> dict[str, Any] | None:

@@ -24,7 +24,7 @@ import pytest
 
 import pylock
 from pylock._core.process import identity_of
-from pylock._lock import holder as _holder
+from pylock._lock import lookup as _lookup
 from tests.support import REPO_ROOT, env_with_repo
 from tests.support.procs import cmdline
 
@@ -227,7 +227,7 @@ def test_an_old_record_does_not_describe_a_holder_without_a_record(
 
 
 class _ProbeSpy:
-    """Stands in for pylock's C library inside pylock._lock.holder only: any lock
+    """Stands in for pylock's C library inside pylock._lock.lookup only: any lock
     taken by holder() is reported, and at that moment another process tries
     the lock, as a monitoring loop's neighbour would (the real syscall still
     runs; this only watches)."""
@@ -255,8 +255,8 @@ def test_holder_of_a_free_lock_never_makes_an_acquirer_fail(
     lock_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     open(lock_path, "w").close()
-    spy = _ProbeSpy(_holder.lib, lock_path)
-    monkeypatch.setattr(_holder, "lib", spy)
+    spy = _ProbeSpy(_lookup.lib, lock_path)
+    monkeypatch.setattr(_lookup, "lib", spy)
     assert pylock.Lock(lock_path).holder() is None
     assert pylock.holders(lock_path) == []
     with pylock.Lock(lock_path):  # and while held, nothing is probed either

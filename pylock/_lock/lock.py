@@ -579,6 +579,13 @@ class Lock:
     ) -> None:
         self.release()
 
+    def fileno(self) -> int:
+        """The open lock file's descriptor (a HANDLE on Windows), kept open
+        between acquisitions; ValueError while this object has none open."""
+        if self._handle < 0:
+            raise ValueError(f"{self.path}: the lock file is not open")
+        return self._handle
+
 
 _disown = lib.pl_disown
 

@@ -17,8 +17,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
-EX_USAGE = 64
-
 
 class UsageError(Exception):
     """A command line pylock cannot run: reported in one line, exit 64."""

@@ -14,16 +14,16 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from .._core.errors import LockError
 from .._lock.errors import LockHeld
 from .args import UsageError
+from .exits import EX_UNAVAILABLE, say
+from .report import holder_json
 
 DEFAULT_TTL = 10
-EX_UNAVAILABLE = 69  # etcd unreachable or refusing, or the etcd extra missing
 
 
 class Unavailable(Exception):
@@ -52,7 +52,7 @@ def ttl_seconds(text: str) -> int:
 
 
 def main_run(call: Any) -> int:
-    """pylock run --etcd ENDPOINTS [options] NAME -- COMMAND, from _cli_run's Invocation."""
+    """pylock run --etcd ENDPOINTS [options] NAME -- COMMAND, from its Invocation."""
     opts = call.opts
     if opts["mode"] != "exclusive" or opts["fd"] is not None or opts["no_fork"]:
         raise UsageError("--etcd takes an exclusive lock by NAME: no -s, -u, --fd or -F")
@@ -73,7 +73,7 @@ def main_run(call: Any) -> int:
             info=opts["info"],
         )
     except (Unavailable, LockError) as exc:
-        _say(str(exc))
+        say(str(exc))
         return EX_UNAVAILABLE
 
 
@@ -83,7 +83,7 @@ def main_who(endpoints: str, names: Sequence[str], *, as_json: bool) -> int:
         found = [(name, _lock(endpoints, name, DEFAULT_TTL)) for name in names]
         reports = [(lock.path, name, lock.holder()) for name, lock in found]
     except (Unavailable, LockError) as exc:
-        _say(str(exc))
+        say(str(exc))
         return EX_UNAVAILABLE
     if as_json:
         doc = [
@@ -105,10 +105,6 @@ def main_who(endpoints: str, names: Sequence[str], *, as_json: bool) -> int:
             if holder.info:
                 print(f"  info: {json.dumps(holder.info)}")
     return 0 if all(holder is not None for _, _, holder in reports) else 1
-
-
-def _say(text: str) -> None:
-    print(f"pylock: {text}", file=sys.stderr, flush=True)
 
 
 def run(
@@ -133,7 +129,7 @@ def run(
             lock.acquire(timeout=timeout)
     except LockHeld as exc:  # LockTimeout too
         if not quiet:
-            _say(str(exc))
+            say(str(exc))
         return conflict_exit_code
     try:
         child = subprocess.Popen(list(command))
@@ -142,7 +138,7 @@ def run(
         raise
 
     def on_lost(_: object) -> None:
-        _say(
+        say(
             f"lost the etcd lock {name!r} while '{command[0]}' ran (another host "
             "may hold it now): sending it SIGTERM"
         )
@@ -166,18 +162,3 @@ def run(
         for sig, handler in forwarded.items():
             signal.signal(sig, handler)
         lock.release()
-
-
-def holder_json(holder: Any) -> dict[str, Any]:
-    return {
-        "pid": holder.pid,
-        "hostname": holder.hostname,
-        "program": holder.program,
-        "argv": list(holder.argv),
-        "acquired_at": holder.acquired_at.isoformat() if holder.acquired_at else None,
-        "info": holder.info,
-        "lease": f"{holder.lease:x}",
-        "ttl": holder.ttl,
-        "fencing_token": holder.fencing_token,
-        "key": holder.key.decode("utf-8", "replace"),
-    }

@@ -11,13 +11,13 @@ import errno
 import os
 import signal
 
-from .take import EX_OSERR, EX_UNAVAILABLE, say
+from .exits import EX_OSERR, EX_UNAVAILABLE, say
 
 TYPE_CHECKING = False  # typing stays unloaded: `pylock run` starts in shell loops
 if TYPE_CHECKING:
     from typing import NoReturn
 
-    from .run import Invocation
+    from .invocation import Invocation
 
 
 def execute(call: Invocation, fd: int) -> int:

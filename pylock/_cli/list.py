@@ -17,13 +17,12 @@ import stat
 import sys
 
 from .args import Option, UsageError, parse
+from .exits import EX_NOINPUT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
-
-EX_NOINPUT = 66
 
 OPTIONS = [
     Option("", ("json",), "json", "print JSON: one object per lock file"),
@@ -169,23 +168,24 @@ def clean(entry: Entry) -> None:
     try:
         # Held by us now: nobody else holds it.  The record we just wrote
         # replaced the stale one, which is why the check came first.
+        locked = os.fstat(lock.fileno())
         lock.release(unlink=True)
-        entry.removed = not os.path.lexists(entry.path) or not _same_file(entry.path, lock)
+        entry.removed = not _same_file(entry.path, locked)
     finally:
         lock.close()
 
 
-def _same_file(path: str, lock: Any) -> bool:
+def _same_file(path: str, locked: os.stat_result) -> bool:
+    """Whether path still names the file that was locked (True when unsure)."""
     try:
         st = os.lstat(path)
     except OSError as exc:
         return exc.errno != errno.ENOENT
-    key: tuple[int, int] = lock._key
-    return (st.st_dev, st.st_ino) == key
+    return (st.st_dev, st.st_ino) == (locked.st_dev, locked.st_ino)
 
 
 def as_json(entry: Entry) -> dict[str, Any]:
-    from .who import holder_json
+    from .report import holder_json
 
     record = None
     if entry.record is not None:
@@ -210,7 +210,7 @@ def as_json(entry: Entry) -> dict[str, Any]:
 
 
 def describe(entry: Entry) -> str:
-    from .who import describe as describe_holders
+    from .report import describe as describe_holders
 
     if entry.held:
         return describe_holders(entry.path, entry.holders).rstrip("\n")

@@ -12,13 +12,12 @@ import os
 import signal
 import sys
 
-from .args import EX_USAGE, Option, UsageError, help_lines
+from .args import Option, UsageError, help_lines
+from .exits import EX_OSERR, EX_SOFTWARE, EX_USAGE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-
-EX_SOFTWARE = 70
 
 # name -> (module, its function taking the arguments after the name, one-line summary).
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -56,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _die_by(signal.SIGPIPE)
     except MemoryError:
         _stderr("pylock: out of memory")
-        return 71
+        return EX_OSERR
     except Exception as exc:  # the promise: one line, never a traceback
         if os.environ.get("PYLOCK_DEBUG"):
             raise

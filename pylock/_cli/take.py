@@ -11,43 +11,25 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import sys
+
+from .exits import EX_CANTCREAT, EX_DATAERR, EX_NOINPUT, EX_OSERR, Exit, say
+from .invocation import SHARED, UNLOCK
 
 TYPE_CHECKING = False  # typing stays unloaded: `pylock run` starts in shell loops
 if TYPE_CHECKING:
     from typing import Any, NoReturn
 
-    from .run import Invocation
-
-# sysexits.h, as flock(1) uses them.
-EX_DATAERR = 65
-EX_NOINPUT = 66
-EX_UNAVAILABLE = 69
-EX_OSERR = 71
-EX_CANTCREAT = 73
-
-SHARED, EXCLUSIVE, UNLOCK = "shared", "exclusive", "unlock"
-
-
-def say(text: str) -> None:
-    sys.stderr.write(f"pylock: {text}\n")
-    sys.stderr.flush()
-
-
-class Exit(Exception):
-    """Leave pylock run with this status (after the message was printed)."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
+    from .invocation import Invocation
 
 
 def lock_path(call: Invocation, path: str) -> tuple[int, Any]:
     """Open and lock the file at path; returns its descriptor and what keeps it open."""
     from .._core.errors import NOT_REGULAR, LockFileError, UnsafeFilesystem
     from .._lock.errors import LockHeld, LockTimeout
+    from .._lock.record import MAGIC
 
-    if call.mode == UNLOCK or _foreign_content(path):
+    head = _head(path)
+    if call.mode == UNLOCK or (head and head != MAGIC):
         # -u only unlocks; a file with someone else's bytes (a script that
         # locks itself, a data file) is locked as it is, never written.
         fd = _open_or_exit(path, create=True)
@@ -57,10 +39,9 @@ def lock_path(call: Invocation, path: str) -> tuple[int, Any]:
 
     try:
         mode = 0o666 & ~_umask()
-        lock = Lock(path, shared=call.mode == SHARED, mode=mode, info=call.opts["info"])
-        # A file pylock may lock but not write (read-only, another user's)
-        # is locked as flock(1) locks it, silently: the record only explains.
-        lock._record_warned = True
+        info = call.opts["info"]
+        record = info is not None or head is None or _may_write(path)
+        lock = Lock(path, shared=call.mode == SHARED, mode=mode, info=info, record=record)
         try:
             if call.takeover is not None:
                 from .._daemon.singleton import take_over
@@ -91,26 +72,41 @@ def lock_path(call: Invocation, path: str) -> tuple[int, Any]:
     except OSError as exc:
         say(f"{path}: {exc.strerror}")
         raise Exit(EX_OSERR if exc.errno in (errno.ENOLCK, errno.ENOMEM) else EX_DATAERR) from None
-    return lock._handle, lock
+    return lock.fileno(), lock
 
 
-def _foreign_content(path: str) -> bool:
-    """Whether path is a regular file holding bytes that are not a pylock record."""
+def _head(path: str) -> bytes | None:
+    """The first bytes of the regular file at path (as many as a record's
+    magic), or None: missing, a symlink, not a regular file, unreadable
+    (Lock decides and explains)."""
     from .._lock.record import MAGIC
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return False  # missing, a symlink, unreadable: Lock decides and explains
+        return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        head = os.read(fd, len(MAGIC))
+            return None
+        return os.read(fd, len(MAGIC))
     except OSError:
-        return False
+        return None
     finally:
         os.close(fd)
-    return bool(head) and head != MAGIC
+
+
+def _may_write(path: str) -> bool:
+    """Whether this process may write the file at path.
+
+    A file it may only read (another user's, on a read-only filesystem) is
+    locked as flock(1) locks it, silently and without a record.  A record
+    that cannot be written for any other reason (a full disk) is said in
+    one line, "pylock: holding ...": Lock's warning reaches stderr through
+    logging's last-resort handler (the command configures no logging: its
+    import would cost start-up time).
+    """
+    effective = os.access in os.supports_effective_ids
+    return os.access(path, os.W_OK, effective_ids=effective)
 
 
 def lock_fd(call: Invocation, fd: int, name: str, label: str = "") -> None:

@@ -8,12 +8,11 @@ import time
 
 from . import args
 from .args import Option, UsageError
+from .exits import EX_NOINPUT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
-
-EX_NOINPUT = 66
 
 _TIMEOUT = Option(
     "w",

@@ -5,16 +5,15 @@ from __future__ import annotations
 import errno
 import os
 import sys
-import time
 
 from .args import Option, UsageError, parse
+from .exits import EX_NOINPUT, say
+from .report import describe, holder_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
-
-EX_NOINPUT = 66
 
 OPTIONS = [
     Option("a", ("all",), "all", "every process holding the file (inherited descriptors too)"),
@@ -65,7 +64,7 @@ def main(argv: Sequence[str]) -> int:
         try:
             found = who(path, every=bool(opts["all"]))
         except PathProblem as exc:
-            sys.stderr.write(f"pylock: {exc}\n")
+            say(str(exc))
             status = EX_NOINPUT
             continue
         reports.append((os.path.abspath(path), found))
@@ -128,60 +127,3 @@ def _kernel_only(path: str, every: bool) -> list[Any]:
     if every or not found or found[0].shared:
         return found
     return found[:1]
-
-
-def holder_json(holder: Any) -> dict[str, Any]:
-    return {
-        "pid": holder.pid,
-        "program": holder.program,
-        "argv": list(holder.argv),
-        "hostname": holder.hostname,
-        "acquired_at": holder.acquired_at.isoformat() if holder.acquired_at else None,
-        "held_for": _held_seconds(holder),
-        "info": holder.info,
-        "verified": holder.verified,
-        "shared": holder.shared,
-        "start_time": holder.start_time,
-        "boot_id": holder.boot_id,
-        "note": holder.note,
-    }
-
-
-def _held_seconds(holder: Any) -> float | None:
-    if holder.acquired_at is None:
-        return None
-    since: float = holder.acquired_at.timestamp()
-    return round(max(0.0, time.time() - since), 3)
-
-
-def duration(seconds: float) -> str:
-    whole = int(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-
-
-def describe(path: str, found: list[Any]) -> str:
-    if not found:
-        return f"{path}: free\n"
-    lines = []
-    for holder in found:
-        kind = "shared" if holder.shared else "held"
-        text = f"{path}: {kind} by {holder.describe()}"
-        held = _held_seconds(holder)
-        if held is not None:
-            text += f", for {duration(held)}"
-        if holder.verified:
-            text += " (verified by the kernel)"
-        elif not holder.note:
-            text += " (unverified)"
-        lines.append(text)
-        if holder.info:
-            import json
-
-            lines.append(f"  info: {json.dumps(holder.info)}")
-    return "\n".join(lines) + "\n"

@@ -22,11 +22,12 @@ except ImportError:  # pragma: no cover - interpreters without the C accelerator
     from json.encoder import py_encode_basestring_ascii as _json_str
 
 from .._core.native import ffi, lib
-from .._core.process import ProcessIdentity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from .._core.process import ProcessIdentity
 
 MAGIC = b"pylock-record v1 "
 # Reads are bounded: a 10 MiB file at the lock path costs 64 KiB at most.
@@ -191,6 +192,8 @@ def read(handle: int) -> dict[str, Any] | None:
 
 def identity(rec: dict[str, Any]) -> ProcessIdentity:
     """The process a parsed record names (its start identity 0 or "" where it has none)."""
+    from .._core.process import ProcessIdentity
+
     return ProcessIdentity(
         rec["pid"], rec.get("start_time", 0), rec.get("boot_id", ""), rec.get("pidfs_ino", 0)
     )

@@ -4,6 +4,7 @@ processes and signals: test_cli_process.py; who/wait/list: test_cli_tools.py."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import pylock
+from tests.support import mounts
 from tests.support.cli import PYLOCK, Holder, cli, cli_env
 from tests.support.kernel_locks import free_now, wait_blocked
 
@@ -299,6 +301,26 @@ def test_help_and_version() -> None:
     for args in (["--version"], ["-V"], ["run", "-V"], ["run", "--version"]):
         out = cli(*args)
         assert (out.returncode, out.stdout) == (0, f"pylock {pylock.__version__}\n")
+
+
+@pytest.mark.root
+def test_a_record_a_full_disk_drops_is_said_in_one_line() -> None:
+    """The lock is taken and the command runs; one line on stderr says the
+    record could not be written (-q too: a lost record is not flock(1)'s
+    silence).  A read-only filesystem is locked silently, as flock(1) locks it."""
+    with mounts.tmpfs(size="64k") as d:
+        path = os.path.join(d, "full.lock")
+        open(path, "wb").close()
+        mounts.fill_space(d)
+        for quiet in ([], ["-q"]):
+            out = cli("run", *quiet, path, "echo", "ran")
+            assert (out.returncode, out.stdout) == (0, "ran\n"), quiet
+            (line,) = out.stderr.splitlines()
+            assert line.startswith(f"pylock: holding {path}, but its holder record"), line
+            assert os.strerror(errno.ENOSPC) in line
+    with mounts.readonly_tmpfs(lambda d: open(os.path.join(d, "ro.lock"), "wb").close()) as d:
+        out = cli("run", os.path.join(d, "ro.lock"), "echo", "ran")
+        assert (out.returncode, out.stdout, out.stderr) == (0, "ran\n", "")
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root, setpriv")

@@ -1,0 +1,82 @@
+"""How the pylock command shows a lock's holders: one line of text each, or
+one JSON object each."""
+
+from __future__ import annotations
+
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .._lock.holder import Holder
+
+
+def holder_json(holder: Holder) -> dict[str, Any]:
+    """The holder as one JSON object (`pylock who --json`, `pylock list --json`).
+
+    An etcd lock's holder (pylock.etcd.EtcdHolder, recognised by its lease so
+    that gRPC is not loaded to ask) adds its lease, TTL, fencing token and key.
+    """
+    doc: dict[str, Any] = {
+        "pid": holder.pid,
+        "program": holder.program,
+        "argv": list(holder.argv),
+        "hostname": holder.hostname,
+        "acquired_at": holder.acquired_at.isoformat() if holder.acquired_at else None,
+        "held_for": _held_seconds(holder),
+        "info": holder.info,
+        "verified": holder.verified,
+        "shared": holder.shared,
+        "start_time": holder.start_time,
+        "boot_id": holder.boot_id,
+        "note": holder.note,
+    }
+    lease = getattr(holder, "lease", None)
+    if isinstance(lease, int):
+        doc["lease"] = f"{lease:x}"
+        doc["ttl"] = getattr(holder, "ttl", 0)
+        doc["fencing_token"] = getattr(holder, "fencing_token", 0)
+        doc["key"] = bytes(getattr(holder, "key", b"")).decode("utf-8", "replace")
+    return doc
+
+
+def _held_seconds(holder: Holder) -> float | None:
+    if holder.acquired_at is None:
+        return None
+    since: float = holder.acquired_at.timestamp()
+    return round(max(0.0, time.time() - since), 3)
+
+
+def duration(seconds: float) -> str:
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def describe(path: str, found: list[Holder]) -> str:
+    """`pylock who`'s text: one line per holder of path (and its info), or "free"."""
+    if not found:
+        return f"{path}: free\n"
+    lines = []
+    for holder in found:
+        kind = "shared" if holder.shared else "held"
+        text = f"{path}: {kind} by {holder.describe()}"
+        held = _held_seconds(holder)
+        if held is not None:
+            text += f", for {duration(held)}"
+        if holder.verified:
+            text += " (verified by the kernel)"
+        elif not holder.note:
+            text += " (unverified)"
+        lines.append(text)
+        if holder.info:
+            import json
+
+            lines.append(f"  info: {json.dumps(holder.info)}")
+    return "\n".join(lines) + "\n"

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import pylock
 from tests.support.cli import FLOCK, PYLOCK, Holder, cli, cli_env
 from tests.support.kernel_locks import free_now, wait_blocked
@@ -349,3 +351,27 @@ def test_clean_unlinks_only_while_it_holds_the_lock(tmp_path: Path, monkeypatch)
     _cli_list.clean(entry)
     assert locked_at_unlink == [True] and entry.removed
     assert not os.path.exists(path)
+
+
+def test_list_without_a_lock_table_asks_the_lock_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the kernel shows no lock table (/proc unreadable, as on macOS), a
+    lock file is seen held by a shared lock taken and given back at once."""
+    from pylock._cli import list as _cli_list
+    from pylock._core import procfs
+
+    held, free = str(tmp_path / "held.lock"), str(tmp_path / "free.lock")
+    Path(free).touch()
+    assert FLOCK is not None
+    holder = Holder([FLOCK], held)
+    try:
+        monkeypatch.setattr(procfs, "PROC", str(tmp_path / "no-proc"))
+        entry = _cli_list.inspect(held)
+        assert entry is not None and entry.held
+        assert [h.note for h in entry.holders] == ["/proc/locks is unreadable"]
+        entry = _cli_list.inspect(free)
+        assert entry is not None and not entry.held
+        assert not free_now(held)  # still its holder's
+    finally:
+        holder.release()

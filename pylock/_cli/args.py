@@ -143,6 +143,9 @@ def help_lines(options: Sequence[Option]) -> list[str]:
     return lines
 
 
+HELP = Option("h", ("help",), "help", "show this help and exit")  # every subcommand has it
+
+
 # -- argument converters --------------------------------------------------------
 
 

@@ -71,7 +71,7 @@ OPTIONS: list[Option] = [
     Option("", ("fcntl",), "fcntl", "refused: pylock locks with flock(2) only"),
     Option("", ("start",), "fcntl", "refused: no byte ranges", str, metavar="OFFSET"),
     Option("", ("length",), "fcntl", "refused: no byte ranges", str, metavar="N"),
-    Option("h", ("help",), "help", "show this help and exit"),
+    args.HELP,
     Option("V", ("version",), "version", "show pylock's version and exit"),
     Option(
         "",

@@ -16,7 +16,7 @@ import os
 import stat
 import sys
 
-from .args import Option, UsageError, parse
+from .args import HELP, Option, UsageError, parse
 from .exits import EX_NOINPUT
 
 TYPE_CHECKING = False
@@ -28,7 +28,7 @@ OPTIONS = [
     Option("", ("json",), "json", "print JSON: one object per lock file"),
     Option("", ("stale",), "stale", "only the free files whose recorded holder is gone"),
     Option("", ("clean",), "clean", "remove the stale files (safely, under their lock)"),
-    Option("h", ("help",), "help", "show this help and exit"),
+    HELP,
 ]
 
 USAGE = """\

@@ -23,10 +23,9 @@ _TIMEOUT = Option(
     metavar="SECS",
 )
 _QUIET = Option("q", ("quiet",), "quiet", "no status line or holder message")
-_HELP = Option("h", ("help",), "help", "show this help and exit")
 
-WAIT_OPTIONS = [_TIMEOUT, _QUIET, _HELP]
-WAIT_EXIT_OPTIONS = [_TIMEOUT, _HELP]
+WAIT_OPTIONS = [_TIMEOUT, _QUIET, args.HELP]
+WAIT_EXIT_OPTIONS = [_TIMEOUT, args.HELP]
 
 WAIT_USAGE = """\
 Usage:

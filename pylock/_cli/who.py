@@ -6,7 +6,7 @@ import errno
 import os
 import sys
 
-from .args import Option, UsageError, parse
+from .args import HELP, Option, UsageError, parse
 from .exits import EX_NOINPUT, say
 from .report import describe, holder_json
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 OPTIONS = [
     Option("a", ("all",), "all", "every process holding the file (inherited descriptors too)"),
     Option("", ("json",), "json", "print JSON: one object per PATH"),
-    Option("h", ("help",), "help", "show this help and exit"),
+    HELP,
     Option("", ("etcd",), "etcd", "NAMEs are etcd locks at ENDPOINTS", str, metavar="ENDPOINTS"),
 ]
 

@@ -16,7 +16,7 @@ from .native import ffi, lib
 
 # Imported by every first acquisition (the holder record names this
 # process), so by every `pylock run`: typing, threading and dataclasses
-# (which pulls in inspect) would cost it several milliseconds.
+# (which pulls in inspect) would add to its start-up (bench/README.md).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

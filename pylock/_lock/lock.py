@@ -580,10 +580,10 @@ class Lock:
         self.release()
 
     def fileno(self) -> int:
-        """The open lock file's descriptor (a HANDLE on Windows), kept open
-        between acquisitions; ValueError while this object has none open."""
-        if self._handle < 0:
-            raise ValueError(f"{self.path}: the lock file is not open")
+        """The descriptor of the lock file, kept open between acquisitions (-1
+        while closed: before the first acquisition, after close(), in a
+        forked child).  It is pylock's: closing, locking or unlocking it
+        breaks the lock; pass it on only to keep the lock held in a child."""
         return self._handle
 
 

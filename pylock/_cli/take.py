@@ -19,6 +19,7 @@ TYPE_CHECKING = False  # typing stays unloaded: `pylock run` starts in shell loo
 if TYPE_CHECKING:
     from typing import Any, NoReturn
 
+    from .._lock.lock import Lock
     from .invocation import Invocation
 
 
@@ -35,28 +36,8 @@ def lock_path(call: Invocation, path: str) -> tuple[int, Any]:
         fd = _open_or_exit(path, create=True)
         lock_fd(call, fd, path)
         return fd, None
-    from .._lock.lock import Lock
-
     try:
-        mode = 0o666 & ~_umask()
-        info = call.opts["info"]
-        record = info is not None or head is None or _may_write(path)
-        lock = Lock(path, shared=call.mode == SHARED, mode=mode, info=info, record=record)
-        try:
-            if call.takeover is not None:
-                from .._daemon.singleton import take_over
-
-                take_over(lock, call.takeover)
-            elif call.nonblock:
-                lock.acquire(blocking=False)
-            elif _status_line(call):
-                with _status(path, lambda: _holder_text(lock.holder())):
-                    lock.acquire(timeout=call.timeout)
-            else:
-                lock.acquire(timeout=call.timeout)
-        except BaseException:
-            lock.close()
-            raise
+        lock = _acquire(call, path, head is not None)
     except LockHeld as held:
         _conflict(call, str(held), timed_out=isinstance(held, LockTimeout))
     except LockFileError as exc:
@@ -73,6 +54,32 @@ def lock_path(call: Invocation, path: str) -> tuple[int, Any]:
         say(f"{path}: {exc.strerror}")
         raise Exit(EX_OSERR if exc.errno in (errno.ENOLCK, errno.ENOMEM) else EX_DATAERR) from None
     return lock.fileno(), lock
+
+
+def _acquire(call: Invocation, path: str, exists: bool) -> Lock:
+    """The pylock.Lock on path, held as the command line asks (closed if not held)."""
+    from .._lock.lock import Lock
+
+    mode = 0o666 & ~_umask()
+    info = call.opts["info"]
+    record = info is not None or not exists or _may_write(path)
+    lock = Lock(path, shared=call.mode == SHARED, mode=mode, info=info, record=record)
+    try:
+        if call.takeover is not None:
+            from .._daemon.singleton import take_over
+
+            take_over(lock, call.takeover)
+        elif call.nonblock:
+            lock.acquire(blocking=False)
+        elif _status_line(call):
+            with _status(path, lambda: _holder_text(lock.holder())):
+                lock.acquire(timeout=call.timeout)
+        else:
+            lock.acquire(timeout=call.timeout)
+    except BaseException:
+        lock.close()
+        raise
+    return lock
 
 
 def _head(path: str) -> bytes | None:

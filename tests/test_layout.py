@@ -27,6 +27,7 @@ LAYERS: dict[str, set[str]] = {
     "etcd": {"_core", "_lock"},
     "_daemon": {"_core", "_lock", "_exit"},
     "metrics": {"_core", "_lock"},
+    "filelock": {"_core", "_lock", "_exit"},  # filelock's API on pylock.Lock
     "_cli": {"_core", "_lock", "_exit", "_daemon", "etcd"},
     "": {"_core", "_lock", "_exit", "_daemon", "metrics"},  # pylock/__init__.py
 }

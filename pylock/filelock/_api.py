@@ -65,6 +65,12 @@ class BaseFileLock(contextlib.ContextDecorator, metaclass=FileLockMeta):
     _thread_local_default: ClassVar[bool] = True
     _own_inits: ClassVar[tuple[Callable[..., None], ...]] = ()
     _scope = "thread"  # who could deadlock itself: a thread here, a task for async locks
+    # Where a relative lock_file was acquired, while any thread holds it:
+    # the singleton registry finds the object there after a chdir.
+    _pinned: str | None = None
+    _pins = 0
+    _singleton_key: str | None = None
+    _singleton_shared = False  # also given out for another spelling of its path
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Every class keeps its own singletons (FileLock's are not SoftFileLock's).
@@ -91,6 +97,7 @@ class BaseFileLock(contextlib.ContextDecorator, metaclass=FileLockMeta):
     ) -> None:
         path = os.fspath(lock_file)
         self._lock_file: str = os.fsdecode(path) if isinstance(path, bytes) else path
+        self._relative = not os.path.isabs(self._lock_file)
         self._mode = check_mode(mode, type(self).__name__)
         self._thread_local = bool(thread_local)
         self._is_singleton = bool(is_singleton)
@@ -156,6 +163,8 @@ class BaseFileLock(contextlib.ContextDecorator, metaclass=FileLockMeta):
         return AcquireReturnProxy(self)
 
     def _take_logged(self, wait: Wait, cancel_check: Callable[[], bool] | None) -> object:
+        if self._singleton_shared:
+            self._refuse_moved_singleton()
         debug = self._log_attempt()
         try:
             held = self._take(wait, cancel_check)
@@ -166,6 +175,31 @@ class BaseFileLock(contextlib.ContextDecorator, metaclass=FileLockMeta):
         if debug:
             self._log_acquired()
         return held
+
+    def _pin(self, path: str) -> None:
+        if self._relative:
+            with self._mu:
+                self._pins += 1
+                self._pinned = path
+
+    def _unpin(self) -> None:
+        if self._relative:
+            with self._mu:
+                self._pins = max(self._pins - 1, 0)
+                if not self._pins:
+                    self._pinned = None
+
+    def _refuse_moved_singleton(self) -> None:
+        """A singleton given out for two spellings of one path, one of them
+        relative, must not follow a chdir to another file."""
+        from ._meta import canonical, path_key
+
+        if self._pinned is None and path_key(canonical(self._lock_file)) != self._singleton_key:
+            raise RuntimeError(
+                f"{self._lock_file}: the singleton lock path changed after sharing: it was "
+                f"given out as {self._singleton_key}, which the relative path no longer names "
+                "since the working directory changed; spell the path one way (absolute)"
+            )
 
     # filelock's DEBUG lines, on its logger, for the programs that read them.
 

@@ -103,6 +103,8 @@ class BaseAsyncFileLock(BaseFileLock):
         wait = wait_of(self._context, timeout, poll_interval, None, blocking)
         if self._holds.join():
             return AsyncAcquireReturnProxy(self)
+        if self._singleton_shared:
+            self._refuse_moved_singleton()
         debug = self._log_attempt()
         try:
             held = await self._take_async(wait, cancel_check)
@@ -188,6 +190,7 @@ class AsyncFileLock(FileLock, BaseAsyncFileLock):
             raise Timeout(self._lock_file, held.holder) from None
         except LockFileError as error:
             raise as_os_error(error) from None
+        self._pin(lock.path)
         return lock
 
 
@@ -246,10 +249,11 @@ class AsyncSoftFileLock(SoftFileLock, BaseAsyncFileLock):
     async def _take_async(self, wait: Wait, cancel_check: Callable[[], bool] | None) -> object:
         owner = self._owner()
         deadline = None if wait.forever else time.monotonic() + wait.timeout
+        where = self._directory()
         seen = None
         try:
             while True:
-                step = self._step(owner, wait, deadline, cancel_check, seen is not None)
+                step = self._step(where, owner, wait, deadline, cancel_check)
                 if isinstance(step, Marker):
                     return step
                 if seen is None:  # listen, then look again before sleeping
@@ -257,5 +261,6 @@ class AsyncSoftFileLock(SoftFileLock, BaseAsyncFileLock):
                     continue
                 seen = await BELL.wait_async(seen, step)
         finally:
+            where.close()
             if seen is not None:
                 BELL.stop()

@@ -89,11 +89,13 @@ class FileLock(BaseFileLock):
             raise Timeout(self._lock_file, held.holder) from None
         except LockFileError as error:
             raise as_os_error(error) from None
+        self._pin(lock.path)
         return lock
 
     def _give_back(self, held: object) -> None:
         assert isinstance(held, Lock)
         held.release()
+        self._unpin()
         BELL.ring()
 
     # -- who holds it ------------------------------------------------------

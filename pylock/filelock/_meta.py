@@ -78,11 +78,15 @@ class FileLockMeta(type):
         with lock_class._instances_lock:
             # A chdir or a replaced directory can move a cached relative path.
             instance = lock_class._instances.get(key)
-            if instance is None or path_key(canonical(instance.lock_file)) != key:
+            where = None if instance is None else instance._pinned or instance.lock_file
+            if where is None or path_key(canonical(where)) != key:
                 instance = type.__call__(cls, lock_file, **params)
+                instance._singleton_key = key
                 lock_class._instances[key] = instance
                 return instance
         _refuse_different_options(instance, options)
+        if os.fspath(lock_file) != instance.lock_file:
+            instance._singleton_shared = True
         return instance
 
 

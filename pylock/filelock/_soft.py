@@ -91,10 +91,11 @@ class SoftFileLock(BaseFileLock):
     def _take(self, wait: Wait, cancel_check: Callable[[], bool] | None) -> object:
         owner = self._owner()
         deadline = None if wait.forever else time.monotonic() + wait.timeout
+        where = self._directory()
         seen = None
         try:
             while True:
-                step = self._step(owner, wait, deadline, cancel_check, seen is not None)
+                step = self._step(where, owner, wait, deadline, cancel_check)
                 if isinstance(step, Marker):
                     return step
                 if seen is None:  # listen, then look again before sleeping
@@ -102,60 +103,43 @@ class SoftFileLock(BaseFileLock):
                     continue
                 seen = BELL.wait(seen, step)
         finally:
+            where.close()
             if seen is not None:
                 BELL.stop()
 
+    def _directory(self) -> Directory:
+        """Where this acquisition looks, fixed for all of its attempts (a
+        chdir meanwhile moves nothing); makes missing directories, as filelock."""
+        if "\0" in self._lock_file:
+            raise ValueError(f"embedded null byte in the lock file's path {self._lock_file!r}")
+        return Directory(self._lock_file)
+
     def _step(
         self,
+        where: Directory,
         owner: object,
         wait: Wait,
         deadline: float | None,
         cancel_check: Callable[[], bool] | None,
-        looked: bool,
     ) -> Marker | float:
         """One attempt: the marker created, or how long to sleep before the next."""
-        marker, existing = self._create(first=not looked)
+        marker, existing = where.create(self._mode)
         if marker is not None:
             _held_here[marker.dev, marker.ino] = owner
             with self._mu:
                 if self._live is None:
                     self._live = set()
                 self._live.add(marker)
+            self._pin(where.path)
             return marker
         if existing is not None and _held_here.get(existing) is owner and wait.forever:
             raise deadlock(self._lock_file, type(self).__name__, self._scope)
         left = None if deadline is None else deadline - time.monotonic()
         stop = not wait.blocking or (left is not None and left <= 0)
         if stop or (cancel_check is not None and cancel_check()):
-            raise Timeout(self._lock_file, self.holder())
+            raise Timeout(self._lock_file, _marker_holder(where.path))
         step = max(wait.poll_interval, _MIN_LOOK)
         return step if left is None else min(step, left)
-
-    def _create(self, first: bool) -> tuple[Marker | None, tuple[int, int] | None]:
-        """Create the marker: (it, None), or (None, the identity of the one
-        that exists; None when it vanished meanwhile)."""
-        path = self._lock_file
-        if "\0" in path:
-            raise ValueError(f"embedded null byte in the lock file's path {path!r}")
-        dir_fd, name = _directory_of(path, make=first)
-        keep = False
-        try:
-            try:
-                fd = os.open(
-                    name, _CREATE, 0o666 if self._mode == UNSET_MODE else self._mode, **_at(dir_fd)
-                )
-            except FileExistsError:
-                return None, _existing(path, name, dir_fd)
-            try:
-                st = _write_marker(fd, self._mode)
-            except BaseException:
-                os.unlink(name, **_at(dir_fd))  # just created: ours
-                raise
-            keep = True
-            return Marker(dir_fd, name, st.st_dev, st.st_ino, os.getpid()), None
-        finally:
-            if not keep and dir_fd >= 0:
-                os.close(dir_fd)
 
     def _give_back(self, held: object) -> None:
         assert isinstance(held, Marker)
@@ -163,12 +147,13 @@ class SoftFileLock(BaseFileLock):
             if self._live is not None:
                 self._live.discard(held)
         _remove(held, self._lock_file)
+        self._unpin()
         BELL.ring()
 
     def holder(self) -> Holder | None:
         """The process the marker names (not verified: a marker proves
         nothing), or None when there is no marker."""
-        return _marker_holder(self._lock_file)
+        return _marker_holder(self._pinned or self._lock_file)
 
     async def _pylock_holder_exit(self, timeout: float | None) -> None:
         raise ValueError(self._no_exit_watch())
@@ -195,22 +180,50 @@ def _at(dir_fd: int) -> dict[str, int]:
     return {"dir_fd": dir_fd} if dir_fd >= 0 else {}
 
 
-def _directory_of(path: str, make: bool) -> tuple[int, str]:
-    """(directory descriptor, name in it), or (-1, absolute path) where
-    descriptors cannot stand for directories; makes missing directories
-    on the first look, as filelock does."""
-    parent, name = os.path.split(path)
-    if not _BY_DIRECTORY:
-        if make and parent:
+class Directory:
+    """The directory an acquisition creates its marker in, held open where
+    a descriptor can stand for it (else the marker's absolute path), and
+    made when missing, as filelock does."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path) if path else path
+        parent, self.name = os.path.split(path)
+        self.fd = -1
+        if not _BY_DIRECTORY:
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            self.name = self.path
+            return
+        try:
+            self.fd = os.open(parent or os.curdir, _DIRECTORY)
+        except FileNotFoundError:
+            if not parent:
+                raise
             os.makedirs(parent, exist_ok=True)
-        return -1, os.path.abspath(path)
-    try:
-        return os.open(parent or os.curdir, _DIRECTORY), name
-    except FileNotFoundError:
-        if not make or not parent:
+            self.fd = os.open(parent, _DIRECTORY)
+
+    def create(self, mode: int) -> tuple[Marker | None, tuple[int, int] | None]:
+        """Create the marker: (it, None), or (None, the identity of the one
+        that exists; None when it vanished meanwhile).  The marker takes the
+        directory's descriptor with it."""
+        at = _at(self.fd)
+        try:
+            fd = os.open(self.name, _CREATE, 0o666 if mode == UNSET_MODE else mode, **at)
+        except FileExistsError:
+            return None, _existing(self.path, self.name, self.fd)
+        try:
+            st = _write_marker(fd, mode)
+        except BaseException:
+            os.unlink(self.name, **at)  # just created: ours
             raise
-        os.makedirs(parent, exist_ok=True)
-        return os.open(parent, _DIRECTORY), name
+        marker = Marker(self.fd, self.name, st.st_dev, st.st_ino, os.getpid())
+        self.fd = -1
+        return marker, None
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def _write_marker(fd: int, mode: int) -> os.stat_result:

@@ -35,6 +35,8 @@ MODULES = [
     "core/test_threading.py",
     "core/test_singleton.py",
     "async_lock/test_lock.py",
+    "async_lock/test_owners.py",
+    "async_lock/test_paths.py",
 ]
 
 INI = """\

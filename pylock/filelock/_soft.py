@@ -47,6 +47,7 @@ class Marker(NamedTuple):
     """A marker this process created: its directory, name and identity."""
 
     dir_fd: int  # -1: name is an absolute path
+    fd: int  # kept open while held: its inode cannot be reused by another file meanwhile
     name: str
     dev: int
     ino: int
@@ -215,8 +216,9 @@ class Directory:
             st = _write_marker(fd, mode)
         except BaseException:
             os.unlink(self.name, **at)  # just created: ours
+            os.close(fd)
             raise
-        marker = Marker(self.fd, self.name, st.st_dev, st.st_ino, os.getpid())
+        marker = Marker(self.fd, fd, self.name, st.st_dev, st.st_ino, os.getpid())
         self.fd = -1
         return marker, None
 
@@ -227,14 +229,11 @@ class Directory:
 
 
 def _write_marker(fd: int, mode: int) -> os.stat_result:
-    """Fill a new marker with filelock's "pid\\nhost\\n" and close it."""
-    try:
-        if mode != UNSET_MODE and hasattr(os, "fchmod"):
-            os.fchmod(fd, mode)  # the umask does not narrow a mode asked for
-        os.write(fd, f"{os.getpid()}\n{hostname()}\n".encode())
-        return os.fstat(fd)
-    finally:
-        os.close(fd)
+    """Fill a new marker with filelock's "pid\\nhost\\n"."""
+    if mode != UNSET_MODE and hasattr(os, "fchmod"):
+        os.fchmod(fd, mode)  # the umask does not narrow a mode asked for
+    os.write(fd, f"{os.getpid()}\n{hostname()}\n".encode())
+    return os.fstat(fd)
 
 
 def _existing(path: str, name: str, dir_fd: int) -> tuple[int, int] | None:
@@ -256,7 +255,8 @@ def _existing(path: str, name: str, dir_fd: int) -> tuple[int, int] | None:
 
 
 def _remove(marker: Marker, path: str) -> None:
-    """Remove our marker, only if the name still is ours."""
+    """Remove our marker, only if the name still is ours: compared by
+    identity while our descriptor keeps its inode from being reused."""
     _held_here.pop((marker.dev, marker.ino), None)
     at = _at(marker.dir_fd)
     try:
@@ -272,6 +272,7 @@ def _remove(marker: Marker, path: str) -> None:
     except FileNotFoundError:
         pass  # removed by someone else: nothing of ours is left
     finally:
+        os.close(marker.fd)
         if marker.dir_fd >= 0:
             os.close(marker.dir_fd)
 

@@ -10,6 +10,7 @@
     nox -s macos_check       # the macOS core compile-checked (zig's clang)
     nox -s wheels            # sdist, wheel, auditwheel, abi3audit, other CPythons
     nox -s freethreaded      # a free-threaded CPython: the suite and a thread stress
+    nox -s filelock_compat   # filelock's own tests against pylock.filelock
 
 The system packages these need (gcc, flock(1), faketime, mingw-w64, wine,
 CPython's build dependencies) are installed by .ci/run on Debian; the
@@ -41,6 +42,7 @@ nox.options.sessions = [
     "macos_check",
     "wheels",
     "freethreaded",
+    "filelock_compat",
 ]
 
 # The suites that exercise pidfd and its fallback (seccomp session).
@@ -176,6 +178,30 @@ def freethreaded(session: nox.Session) -> None:
         session.skip("built from Debian's source package: Linux only")
     env = {"PYLOCK_HOST_PYTHON": sys.executable}
     session.run("bash", ".ci/freethreaded-run.sh", *session.posargs, external=True, env=env)
+
+
+# filelock's own tests need its test plugins; filelock itself (the release
+# they come from) is there for pylock's tests of the two side by side.
+FILELOCK_COMPAT_DEPS = [
+    "pytest",
+    "pytest-asyncio==1.5.0",
+    "pytest-mock==3.17.0",
+    "pytest-timeout==2.4.0",
+    "filelock==4.3.1",
+]
+
+
+@nox.session
+def filelock_compat(session: nox.Session) -> None:
+    """filelock's own tests, unchanged, against pylock.filelock, and pylock's tests of the front.
+
+    The tests come from filelock's pinned release as kept in shared/vendor
+    beside the checkout (tests/filelock/vendored/run.py, which says where,
+    and skips saying so when they are not there); pytest arguments after --
+    choose other modules of them."""
+    _install_pylock(session, *TEST_DEPS, *FILELOCK_COMPAT_DEPS)
+    session.run(*PYTEST, "-p", "no:asyncio", "-q", "tests/filelock")
+    session.run("python", "tests/filelock/vendored/run.py", *session.posargs)
 
 
 def _venv_python(session: nox.Session) -> str:

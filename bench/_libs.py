@@ -30,7 +30,7 @@ AsyncLock = tuple[Callable[[], Awaitable[object]], Callable[[], Awaitable[object
 # forever, portalocker: 5 s) would either be the same or abort a slow trial.
 NEVER = 3600.0
 
-SYNC_LIBS = ("pylock", "filelock", "fasteners", "portalocker", "floor")
+SYNC_LIBS = ("pylock", "filelock", "fasteners", "portalocker", "floor", "pylock-filelock")
 ASYNC_LIBS = ("pylock-async", "filelock-async", "floor-async")
 
 
@@ -68,6 +68,12 @@ def sync_lock(lib: str, path: str, record: bytes) -> SyncLock:
 
         flk = filelock.FileLock(path, timeout=NEVER)
         return flk.acquire, flk.release
+    if lib == "pylock-filelock":
+        # pylock's filelock front, used as filelock's users use filelock.
+        from pylock.filelock import FileLock
+
+        front = FileLock(path, timeout=NEVER)
+        return front.acquire, front.release
     if lib == "fasteners":
         import fasteners
 

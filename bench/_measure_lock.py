@@ -39,13 +39,17 @@ HANDOFF_LIBS = (
 C_FLOORS = (("floor-c-safe", "uncontended-safe"), ("floor-c", "uncontended"))
 
 
-def measure_uncontended(ctx: Context) -> dict[str, Row]:
+def measure_uncontended(
+    ctx: Context,
+    libs: tuple[str, ...] = UNCONTENDED_LIBS,
+    floors: tuple[tuple[str, str], ...] = C_FLOORS,
+) -> dict[str, Row]:
     """Acquire+release pairs, each timed alone.  Every round runs every
     library and both C floors once, in a shuffled order, so a burst of load
     from the rest of the machine falls on all of them alike."""
-    rows = {lib: Row(lib) for lib in (*UNCONTENDED_LIBS, *(row for row, _ in C_FLOORS))}
+    rows = {lib: Row(lib) for lib in (*libs, *(row for row, _ in floors))}
     workers: dict[str, Worker] = {}
-    for lib in UNCONTENDED_LIBS:
+    for lib in libs:
         path = os.path.join(ctx.tmp, f"uncontended-{lib}.lock")
         guarded(
             rows[lib],
@@ -70,7 +74,7 @@ def measure_uncontended(ctx: Context) -> dict[str, Row]:
     jobs: dict[str, Callable[[], None]] = {
         lib: (lambda lib=lib: python_round(lib)) for lib in workers
     }
-    for row, mode in C_FLOORS:
+    for row, mode in floors:
         jobs[row] = lambda row=row, mode=mode: c_round(row, mode)
     for i in range(ctx.sizes.rounds):
         order = [k for k in jobs if rows[k].error is None]
@@ -83,17 +87,19 @@ def measure_uncontended(ctx: Context) -> dict[str, Row]:
     return rows
 
 
-def measure_handoff(ctx: Context, kill: bool) -> dict[str, Row]:
+def measure_handoff(
+    ctx: Context, kill: bool, libs: tuple[str, ...] = HANDOFF_LIBS
+) -> dict[str, Row]:
     """Release (or SIGKILL of the holder) -> a blocked waiter in another
     process returns from acquire.  Trials go round-robin over the libraries,
     so noise from the rest of the machine falls on all of them alike."""
     what = "takeover" if kill else "handoff"
     trials = ctx.sizes.takeover if kill else ctx.sizes.handoff
-    rows = {lib: Row(lib) for lib in HANDOFF_LIBS}
+    rows = {lib: Row(lib) for lib in libs}
     pairs: dict[str, tuple[Worker, Worker]] = {}
     import _libs
 
-    for lib in HANDOFF_LIBS:
+    for lib in libs:
         path = os.path.join(ctx.tmp, f"{what}-{lib}.lock")
 
         def start(lib: str = lib, path: str = path) -> None:
@@ -136,7 +142,7 @@ def measure_handoff(ctx: Context, kill: bool) -> dict[str, Row]:
         rows[lib].samples.append(float(t1 - t0))
 
     for i in range(trials):
-        order = [lib for lib in HANDOFF_LIBS if lib in pairs and rows[lib].error is None]
+        order = [lib for lib in libs if lib in pairs and rows[lib].error is None]
         ctx.rng.shuffle(order)
         for lib in order:
             guarded(rows[lib], lambda lib=lib: trial(lib))
@@ -144,6 +150,18 @@ def measure_handoff(ctx: Context, kill: bool) -> dict[str, Row]:
     for holder, waiter in pairs.values():
         waiter.kill()
         holder.close()
+    return rows
+
+
+# pylock.filelock's FileLock beside the lock it stands on and the one it replaces.
+FRONT_LIBS = ("pylock-filelock", "pylock", "filelock")
+
+
+def measure_front(ctx: Context) -> dict[str, Row]:
+    """The filelock front's uncontended pair and hand-over, measured as the
+    sections above measure them, in rows of its own."""
+    rows = {f"uncontended:{k}": r for k, r in measure_uncontended(ctx, FRONT_LIBS, ()).items()}
+    rows.update((f"handoff:{k}", r) for k, r in measure_handoff(ctx, False, FRONT_LIBS).items())
     return rows
 
 

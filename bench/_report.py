@@ -18,6 +18,7 @@ LABELS = {
     "pylock-async": "pylock `acquire_async`",
     "filelock": "filelock",
     "filelock-async": "filelock `AsyncFileLock`",
+    "pylock-filelock": "`pylock.filelock.FileLock` (filelock's API on pylock)",
     "fasteners": "fasteners",
     "fasteners-thread": "fasteners (acquire in a thread)",
     "portalocker": "portalocker",
@@ -99,6 +100,8 @@ def render(
         _contention(d, results["contention"], sizes)
     if "startup" in results:
         _startup(d, results["startup"], sizes)
+    if "front" in results:
+        _front(d, results["front"], sizes)
     return Report(
         "\n".join(d.lines).rstrip() + "\n", d.failed, "\n".join(summary.lines).rstrip() + "\n"
     )
@@ -137,6 +140,27 @@ def _uncontended(d: Doc, rows: dict[str, Row], sizes: Sizes, record_len: int) ->
         )
     ]
     latency_table(d, "uncontended", rows, order, with_max=False)
+
+
+def _front(d: Doc, rows: dict[str, Row], sizes: Sizes) -> None:
+    lo, hi = sizes.block_ms
+    d.add(
+        "## The filelock front: `pylock.filelock.FileLock`",
+        "",
+        "filelock's API on pylock (`from pylock.filelock import FileLock`), measured as the "
+        "uncontended and handoff sections measure, beside the `pylock.Lock` it stands on and "
+        "filelock's own `FileLock`, all three in this section's rounds: acquire + release "
+        f"pairs timed alone; then a waiter in another process blocked for {lo:.0f}-{hi:.0f} ms "
+        "before the holder releases. The last column compares the front with each row.",
+        "",
+    )
+    order = [
+        (k, LABELS[k], "pylock-filelock", False) for k in ("pylock-filelock", "pylock", "filelock")
+    ]
+    for part, with_max in (("uncontended", False), ("handoff", True)):
+        d.add(f"### {part.capitalize()}", "")
+        mine = {k.split(":", 1)[1]: r for k, r in rows.items() if k.startswith(f"{part}:")}
+        latency_table(d, f"front {part}", mine, order, with_max=with_max)
 
 
 def _handoff(d: Doc, name: str, title: str, rows: dict[str, Row], sizes: Sizes) -> None:

@@ -31,7 +31,7 @@ import _readme
 import _report
 from _common import BENCH, FULL, QUICK, REPO, Context, Results, Row
 from _measure_death import measure_death_many, measure_death_one
-from _measure_lock import measure_contention, measure_handoff, measure_uncontended
+from _measure_lock import measure_contention, measure_front, measure_handoff, measure_uncontended
 from _setup import (
     build_floor,
     describe_machine,
@@ -41,7 +41,7 @@ from _setup import (
 )
 from _startup import measure_startup
 
-SECTIONS = ("uncontended", "handoff", "takeover", "death", "contention", "startup")
+SECTIONS = ("uncontended", "handoff", "takeover", "death", "contention", "startup", "front")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             },
             "contention": lambda: measure_contention(ctx),
             "startup": lambda: measure_startup(ctx),
+            "front": lambda: measure_front(ctx),
         }
         for name in SECTIONS:
             if name in only:

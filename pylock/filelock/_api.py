@@ -177,17 +177,16 @@ class BaseFileLock(contextlib.ContextDecorator, metaclass=FileLockMeta):
         return held
 
     def _pin(self, path: str) -> None:
-        if self._relative:
-            with self._mu:
-                self._pins += 1
-                self._pinned = path
+        """Remember where a relative lock_file was acquired (until the last release)."""
+        with self._mu:
+            self._pins += 1
+            self._pinned = path
 
     def _unpin(self) -> None:
-        if self._relative:
-            with self._mu:
-                self._pins = max(self._pins - 1, 0)
-                if not self._pins:
-                    self._pinned = None
+        with self._mu:
+            self._pins = max(self._pins - 1, 0)
+            if not self._pins:
+                self._pinned = None
 
     def _refuse_moved_singleton(self) -> None:
         """A singleton given out for two spellings of one path, one of them

@@ -11,7 +11,7 @@ from .._core.errors import LockFileError, LockHeld, LockTimeout, ReentrantAcquir
 from ._api import BaseFileLock
 from ._bell import BELL
 from ._errors import Timeout, as_os_error, deadlock
-from ._kernel import MIN_SLICE, FileLock, time_left
+from ._kernel import MIN_SLICE, FileLock, deadline_of, time_left
 from ._options import UNSET_MODE, Wait, wait_of
 from ._soft import Marker, SoftFileLock
 
@@ -178,19 +178,22 @@ class AsyncFileLock(FileLock, BaseAsyncFileLock):
 
     async def _take_async(self, wait: Wait, cancel_check: Callable[[], bool] | None) -> object:
         lock = self._lock_now()
-        deadline = None if wait.forever else time.monotonic() + wait.timeout
         try:
             try:
-                await _attempt_async(lock, wait, deadline, cancel_check)
-            except ReentrantAcquire:
+                if wait.blocking and cancel_check is None:  # one wait in the kernel
+                    await lock.acquire_async(timeout=None if wait.forever else wait.timeout)
+                else:
+                    await _attempt_async(lock, wait, deadline_of(wait), cancel_check)
+            except ReentrantAcquire:  # raised before any wait: the deadline is still whole
                 if wait.forever:
                     raise deadlock(self._lock_file, type(self).__name__, self._scope) from None
-                await _outwait_self_async(lock, wait, deadline, cancel_check)
+                await _outwait_self_async(lock, wait, deadline_of(wait), cancel_check)
         except LockHeld as held:
             raise Timeout(self._lock_file, held.holder) from None
         except LockFileError as error:
             raise as_os_error(error) from None
-        self._pin(lock.path)
+        if self._relative:
+            self._pin(lock.path)
         return lock
 
 

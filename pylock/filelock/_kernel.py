@@ -31,7 +31,6 @@ class FileLock(BaseFileLock):
     held by pylock (flock on Linux and macOS, LockFileEx on Windows)."""
 
     _pylock: Lock | None = None
-    _absolute = False
 
     def _check_backend_options(
         self, lifetime: float | None, preserve_lock_file: bool, on_acquired: object
@@ -55,7 +54,9 @@ class FileLock(BaseFileLock):
         """The pylock.Lock for the lock file: a relative path is resolved
         against the working directory of each first acquisition."""
         lock = self._pylock
-        if lock is not None and (self._absolute or lock.path == os.path.abspath(self._lock_file)):
+        if lock is not None and (
+            not self._relative or lock.path == os.path.abspath(self._lock_file)
+        ):
             return lock
         with self._mu:
             return self._new_lock()
@@ -64,7 +65,6 @@ class FileLock(BaseFileLock):
         path = self._lock_file
         if "\0" in path:
             raise ValueError(f"embedded null byte in the lock file's path {path!r}")
-        self._absolute = os.path.isabs(path)
         _create_as_filelock_does(path, self._mode)
         try:
             lock = Lock(path, mode=None if self._mode == UNSET_MODE else self._mode)
@@ -77,32 +77,38 @@ class FileLock(BaseFileLock):
 
     def _take(self, wait: Wait, cancel_check: Callable[[], bool] | None) -> object:
         lock = self._lock_now()
-        deadline = None if wait.forever else time.monotonic() + wait.timeout
         try:
             try:
-                _attempt(lock, wait, deadline, cancel_check)
-            except ReentrantAcquire:
+                if wait.blocking and cancel_check is None:  # one wait in the kernel
+                    lock.acquire(timeout=None if wait.forever else wait.timeout)
+                else:
+                    _attempt(lock, wait, deadline_of(wait), cancel_check)
+            except ReentrantAcquire:  # raised before any wait: the deadline is still whole
                 if wait.forever:
                     raise deadlock(self._lock_file, type(self).__name__, self._scope) from None
-                _outwait_self(lock, wait, deadline, cancel_check)
+                _outwait_self(lock, wait, deadline_of(wait), cancel_check)
         except LockHeld as held:
             raise Timeout(self._lock_file, held.holder) from None
         except LockFileError as error:
             raise as_os_error(error) from None
-        self._pin(lock.path)
+        if self._relative:
+            self._pin(lock.path)
         return lock
 
     def _give_back(self, held: object) -> None:
-        assert isinstance(held, Lock)
-        held.release()
-        self._unpin()
-        BELL.ring()
+        held.release()  # type: ignore[attr-defined]  # the pylock.Lock _take returned
+        if self._relative:
+            self._unpin()
+        if BELL.listeners:
+            BELL.ring()
 
     # -- who holds it ------------------------------------------------------
 
     def _lock_to_look_at(self) -> Lock:
         lock = self._pylock
-        if lock is not None and (self._absolute or lock.path == os.path.abspath(self._lock_file)):
+        if lock is not None and (
+            not self._relative or lock.path == os.path.abspath(self._lock_file)
+        ):
             return lock
         try:
             return Lock(self._lock_file)  # only looked at: opened by nobody
@@ -123,6 +129,10 @@ class FileLock(BaseFileLock):
         from .._exit.api import wait_exit
 
         return wait_exit(self._lock_to_look_at(), timeout)
+
+
+def deadline_of(wait: Wait) -> float | None:
+    return None if wait.forever else time.monotonic() + wait.timeout
 
 
 def time_left(deadline: float | None) -> float | None:

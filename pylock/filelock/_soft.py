@@ -131,7 +131,8 @@ class SoftFileLock(BaseFileLock):
                 if self._live is None:
                     self._live = set()
                 self._live.add(marker)
-            self._pin(where.path)
+            if self._relative:
+                self._pin(where.path)
             return marker
         if existing is not None and _held_here.get(existing) is owner and wait.forever:
             raise deadlock(self._lock_file, type(self).__name__, self._scope)
@@ -148,7 +149,8 @@ class SoftFileLock(BaseFileLock):
             if self._live is not None:
                 self._live.discard(held)
         _remove(held, self._lock_file)
-        self._unpin()
+        if self._relative:
+            self._unpin()
         BELL.ring()
 
     def holder(self) -> Holder | None:

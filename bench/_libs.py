@@ -69,10 +69,12 @@ def sync_lock(lib: str, path: str, record: bytes) -> SyncLock:
         flk = filelock.FileLock(path, timeout=NEVER)
         return flk.acquire, flk.release
     if lib == "pylock-filelock":
-        # pylock's filelock front, used as filelock's users use filelock.
+        # pylock's filelock front with filelock's default, waiting forever
+        # (as the pylock row does: a finite timeout makes pylock's kernel
+        # wait a timed one, which costs its hand-over more).
         from pylock.filelock import FileLock
 
-        front = FileLock(path, timeout=NEVER)
+        front = FileLock(path)
         return front.acquire, front.release
     if lib == "fasteners":
         import fasteners

@@ -158,13 +158,18 @@ class BaseFileLock(contextlib.ContextDecorator, metaclass=FileLockMeta):
         wait = wait_of(self._context, timeout, poll_interval, poll_intervall, blocking)
         if self._holds.join():
             return AcquireReturnProxy(self)
-        held = self._take_logged(wait, cancel_check)
+        if self._singleton_shared:
+            self._refuse_moved_singleton()
+        # In a hand-over every frame between the kernel's grant and the return
+        # runs cold: the path without DEBUG lines has as few as it can.
+        if _log.isEnabledFor(_DEBUG):
+            held = self._take_logged(wait, cancel_check)
+        else:
+            held = self._take(wait, cancel_check)
         self._holds.start(held)
         return AcquireReturnProxy(self)
 
     def _take_logged(self, wait: Wait, cancel_check: Callable[[], bool] | None) -> object:
-        if self._singleton_shared:
-            self._refuse_moved_singleton()
         debug = self._log_attempt()
         try:
             held = self._take(wait, cancel_check)
@@ -223,24 +228,21 @@ class BaseFileLock(contextlib.ContextDecorator, metaclass=FileLockMeta):
         """Release one acquisition (force: all of this thread's, or with
         thread_local=False everyone's); the last gives the lock back.  A
         lock this thread does not hold is left as it is."""
-        self._release_now(force)
-
-    def _release_now(self, force: bool) -> None:
         held = self._holds.end(force)
         if held is None:
             return
-        debug = _log.isEnabledFor(_DEBUG)
-        if debug:
-            _log.debug("Attempting to release lock %s on %s", id(self), self._lock_file)
+        if not _log.isEnabledFor(_DEBUG):
+            self._give_back(held)  # the hand-over's path: no frame more than needed
+            return
+        _log.debug("Attempting to release lock %s on %s", id(self), self._lock_file)
         self._give_back(held)
-        if debug:
-            _log.debug("Lock %s released on %s", id(self), self._lock_file)
+        _log.debug("Lock %s released on %s", id(self), self._lock_file)
 
     def _release_in_context(self, exc: BaseException | None) -> None:
         """Leaving a with block: a failed release is chained to the body's
         error (filelock's "chain"), or raised with it in a group ("group")."""
         try:
-            self._release_now(False)
+            BaseFileLock.release(self)  # also for async locks, whose release is a coroutine
         except BaseException as failure:
             if exc is None or self._context_error_policy == "chain":
                 raise

@@ -119,7 +119,7 @@ class BaseAsyncFileLock(BaseFileLock):
 
     async def release(self, force: bool = False) -> None:  # type: ignore[override]
         """Release one acquisition (force: all); the last gives the lock back."""
-        self._release_now(force)
+        BaseFileLock.release(self, force)
 
     async def __aenter__(self: _AsyncT) -> _AsyncT:
         await self.acquire()

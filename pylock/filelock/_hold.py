@@ -58,14 +58,17 @@ class Holds:
     def end(self, force: bool) -> object:
         """Count one release (force: all); the hold to give back after the last."""
         if self.thread_local:
-            return _count_down(self.context, force)
+            ctx = self.context
+            if ctx.counter > 1 and not force:
+                ctx.counter -= 1
+                return None
+            held, ctx.held, ctx.counter = ctx.held, None, 0
+            return held  # None when it was not held
         with self._mu:
             return _count_down(self.context, force)
 
 
 def _count_down(ctx: Context, force: bool) -> object:
-    if not ctx.counter:
-        return None
     if ctx.counter > 1 and not force:
         ctx.counter -= 1
         return None

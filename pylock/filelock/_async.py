@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, TypeVar
 
-from .._core.errors import LockFileError, LockHeld, LockTimeout, ReentrantAcquire
+from .._core.errors import LockFileError
+from .._lock.errors import LockHeld, LockTimeout, ReentrantAcquire
 from ._api import BaseFileLock
 from ._bell import BELL
 from ._errors import Timeout, as_os_error, deadlock

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-from .._core.errors import LockFileError, LockHeld, ReentrantAcquire, describe_holder
+from .._core.errors import LockFileError
+from .._lock.errors import LockHeld, ReentrantAcquire, describe_holder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

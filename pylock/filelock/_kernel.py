@@ -9,7 +9,8 @@ import time
 import warnings
 from typing import Callable
 
-from .._core.errors import LockFileError, LockHeld, LockTimeout, ReentrantAcquire
+from .._core.errors import LockFileError
+from .._lock.errors import LockHeld, LockTimeout, ReentrantAcquire
 from .._lock.lock import Lock
 from ._api import BaseFileLock
 from ._bell import BELL

@@ -62,9 +62,15 @@ def vendored() -> Path | None:
 def _copy(source: Path, into: Path) -> None:
     for part in ("tests", "docs", "tasks"):
         if (source / part).is_dir():
+            # Contents only: the source may be read-only (CI's copy of shared/).
             shutil.copytree(
-                source / part, into / part, ignore=shutil.ignore_patterns("__pycache__")
+                source / part,
+                into / part,
+                ignore=shutil.ignore_patterns("__pycache__"),
+                copy_function=shutil.copyfile,
             )
+    for folder, _, _ in os.walk(into):
+        os.chmod(folder, 0o755)
     shutil.copy(HERE / "shim.py", into / "pylock_filelock_shim.py")
     (into / "pytest.ini").write_text(INI, encoding="utf-8")
 

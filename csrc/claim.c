@@ -181,14 +181,19 @@ PYLOCK_HOT static int record_allowed(const pl_lockfile *lf, uint64_t size)
  * directory was replaced) while newcomers lock the file now at the path.
  * One lookup of the path answers both questions, as a path that names the
  * inode proves it linked; lf->st holds the file's identity from its open.
+ * A file opened in a directory (pl_open_at) is looked up by its name in
+ * that directory, so renaming the directory or a parent cannot make the
+ * check, and so the reopen it asks for, follow a path elsewhere.
  * Windows passes no path (an open lock file cannot be renamed there) and
  * asks the handle, which reports a deleted file as having no links. */
 PYLOCK_HOT static int still_at_path(pl_lockfile *lf, uint64_t *size, int *err)
 {
     *err = 0;
 #if !defined(_WIN32)
+    if (lf->name != NULL)
+        return pl__same_file_at(lf->dir, lf->name, &lf->st, size);
     if (lf->path != NULL)
-        return pl__same_file_at(lf->path, &lf->st, size);
+        return pl__same_file_at(-1, lf->path, &lf->st, size);
 #endif
     *err = pl_file_stat(lf->handle, &lf->st);
     *size = lf->st.size;

@@ -105,23 +105,63 @@ static int classify(const struct stat *st)
     return PL_E_NOTREG;
 }
 
-static int open_unrecorded(const char *path, int flags, int create_mode, pl_handle *out,
-                           int *created);
+static int open_unrecorded(int dirfd, const char *path, int flags, int create_mode,
+                           pl_handle *out, int *created);
 
-int pl_open(const char *path, int flags, int create_mode, pl_handle *out, int *created)
+static int open_recorded(int dirfd, const char *path, int flags, int create_mode,
+                         pl_handle *out, int *created)
 {
     int rc;
     pthread_once(&open_atfork_once, open_atfork);
     pthread_mutex_lock(&open_mu);
-    rc = open_unrecorded(path, flags, create_mode, out, created);
+    rc = open_unrecorded(dirfd, path, flags, create_mode, out, created);
     if (rc == 0 && (rc = remember_fd((int)*out)) != 0)
         close((int)*out);
     pthread_mutex_unlock(&open_mu);
     return rc;
 }
 
-static int open_unrecorded(const char *path, int flags, int create_mode, pl_handle *out,
-                           int *created)
+int pl_open(const char *path, int flags, int create_mode, pl_handle *out, int *created)
+{
+    return open_recorded(AT_FDCWD, path, flags, create_mode, out, created);
+}
+
+/* One path component: what openat(dir, name) finds in dir itself. */
+int pl__is_name(const char *name)
+{
+    return name[0] != 0 && strchr(name, '/') == NULL && strcmp(name, ".") != 0 &&
+           strcmp(name, "..") != 0;
+}
+
+int pl_open_at(pl_handle dir, const char *name, int flags, int create_mode, pl_handle *out,
+               int *created)
+{
+    *created = 0;
+    if (!pl__is_name(name) || dir < 0)
+        return dir < 0 ? EBADF : EINVAL;
+    return open_recorded((int)dir, name, flags, create_mode, out, created);
+}
+
+/* Not recorded for forks: a directory holds no lock, and a forked child's
+ * Lock objects open their files in it again. */
+int pl_open_dir(const char *path, pl_handle *out)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+    int rc;
+    if (fd < 0) {
+        rc = errno;
+        /* ELOOP for a symlink on Linux, ENOTDIR on some systems: ask lstat. */
+        if ((rc == ELOOP || rc == ENOTDIR) && lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+            return PL_E_SYMLINK;
+        return rc;
+    }
+    *out = fd;
+    return 0;
+}
+
+static int open_unrecorded(int dirfd, const char *path, int flags, int create_mode,
+                           pl_handle *out, int *created)
 {
     struct stat st;
     int access = (flags & PL_OPEN_READONLY) ? O_RDONLY : O_RDWR;
@@ -134,19 +174,19 @@ static int open_unrecorded(const char *path, int flags, int create_mode, pl_hand
     /* Refuse FIFOs, devices and directories before opening them: opening
      * some devices has side effects. The fstat after the open closes the
      * race with a swap. */
-    if (lstat(path, &st) == 0) {
+    if (fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) == 0) {
         if ((rc = classify(&st)) != 0)
             return rc;
     } else if (errno != ENOENT) {
         return errno;
     }
     for (;;) {
-        fd = open(path, oflags);
+        fd = openat(dirfd, path, oflags);
         if (fd >= 0)
             break;
         if (errno == ENOENT && (flags & PL_OPEN_CREATE)) {
             mode_t mode = create_mode < 0 ? 0644 : (mode_t)create_mode;
-            fd = open(path, oflags | O_CREAT | O_EXCL, mode);
+            fd = openat(dirfd, path, oflags | O_CREAT | O_EXCL, mode);
             if (fd >= 0) {
                 *created = 1;
                 /* An explicit mode is the caller's decision: the umask
@@ -162,7 +202,8 @@ static int open_unrecorded(const char *path, int flags, int create_mode, pl_hand
                 continue; /* another process created it first */
         }
         rc = errno;
-        if (rc == ELOOP && lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+        if (rc == ELOOP && fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISLNK(st.st_mode))
             return PL_E_SYMLINK;
         if (rc == ENXIO || rc == ENODEV)
             return PL_E_NOTREG;
@@ -231,20 +272,21 @@ int pl_file_stat(pl_handle h, pl_file_info *out)
     return 0;
 }
 
-PYLOCK_HOT int pl__same_file_at(const char *path, const pl_file_info *st,
+PYLOCK_HOT int pl__same_file_at(pl_handle dir, const char *path, const pl_file_info *st,
                                 uint64_t *size)
 {
     pl_file_info now;
     struct stat ps;
+    int dirfd = dir < 0 ? AT_FDCWD : (int)dir;
     memset(&now, 0, sizeof now);
 #ifdef HAVE_STATX
-    int rc = statx_at(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, &now);
+    int rc = statx_at(dirfd, path, AT_SYMLINK_NOFOLLOW, &now);
     if (rc != ENOSYS && rc != EPERM) {
         *size = now.size;
         return rc == 0 && now.dev == st->dev && now.ino == st->ino;
     }
 #endif
-    if (lstat(path, &ps) != 0)
+    if (fstatat(dirfd, path, &ps, AT_SYMLINK_NOFOLLOW) != 0)
         return 0;
     from_stat(&ps, &now);
     *size = now.size;

@@ -61,6 +61,8 @@ int pl_win_errno(DWORD err);
 /* win_paths.c: path (UTF-8 with lone surrogates) as a \\?\ wide path, or
  * an errno value; the caller frees *out. */
 int pl_win_wide_path(const char *path, wchar_t **out);
+/* The same text as wide characters only (a name, no prefix); *len of them. */
+int pl_win_wide(const char *path, wchar_t **out, size_t *len);
 
 /* win_wait.c: the cancel event of a waiter (NULL for none), and a wait for
  * obj that ends with it (0), the cancel (ECANCELED) or the timeout. */

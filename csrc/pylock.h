@@ -30,6 +30,8 @@
 #define PL_E_BUSY 10004     /* the Lock object is another attempt's (pl_own) */
 #define PL_OPEN_CREATE 1    /* create the file when it is missing */
 #define PL_OPEN_READONLY 2  /* open for reading only (lock still possible) */
+#define PL_UNIX_BIND 1      /* pl_unix_at: bind the socket to the name */
+#define PL_UNIX_CONNECT 2   /* pl_unix_at: connect the socket to the name */
 
 /* CDEF-BEGIN */
 /* A lock file: a descriptor on POSIX, a HANDLE on Windows. */
@@ -59,6 +61,16 @@ typedef struct pl_waiter pl_waiter;
  * PL_E_NOTREG or the usual errno values; on Windows also EAGAIN for a file
  * that was deleted but is still open somewhere ("delete pending"). */
 int pl_open(const char *path, int flags, int create_mode, pl_handle *out, int *created);
+/* A directory to open lock files in by name (pl_open_at), so that whoever
+ * may rename the directory or its parents cannot move later opens
+ * elsewhere: close-on-exec, never following a symbolic link (a junction or
+ * other name surrogate on Windows) as the directory itself.  Returns
+ * PL_E_SYMLINK, ENOTDIR or the usual errno values; close it with pl_close. */
+int pl_open_dir(const char *path, pl_handle *out);
+/* pl_open of the file name (one component: no separator, not "." or "..",
+ * else EINVAL) in dir from pl_open_dir, found there and nowhere else. */
+int pl_open_at(pl_handle dir, const char *name, int flags, int create_mode, pl_handle *out,
+               int *created);
 int pl_close(pl_handle h);
 int pl_file_stat(pl_handle h, pl_file_info *out);
 int pl_fs_stat(pl_handle h, pl_fs_info *out);
@@ -112,6 +124,9 @@ typedef struct {
     const char *path;     /* the lock's path: after locking, it must still name
                              the locked file (not checked on Windows, where an
                              open lock file cannot be renamed away silently) */
+    const char *name;     /* NULL, or the file's name in the directory dir
+                             (pl_open_at): then that name is checked, not path */
+    pl_handle dir;        /* with name: the directory from pl_open_dir */
     const char *head;     /* the record's fixed part, ending '"acquired_at":' */
     size_t head_len;      /* 0: write no record (shared or record-less locks) */
     uint32_t head_crc;    /* crc32(head), as zlib computes it */
@@ -173,6 +188,16 @@ int pl_acquire(pl_lockfile *lf, uintptr_t token);
 int pl_lock_wait_claim(pl_lockfile *lf, int64_t timeout_ns, pl_waiter *w, int *claim_rc);
 /* pl_unlock, after filing the hold in lf->holds if pl_claim timed it. */
 int pl_release(pl_lockfile *lf);
+/* A unix socket's bind or connect (op PL_UNIX_BIND or PL_UNIX_CONNECT) to
+ * the name (one component, as for pl_open_at) in dir from pl_open_dir,
+ * looked up there and nowhere else: in a thread of pylock's whose working
+ * directory is dir.  A bind creates the socket file with exactly mode
+ * (0 to 0777; -1: as the umask says), from its first instant, so nothing
+ * is ever changed by name afterwards.  The result is bind's or connect's
+ * errno (EAGAIN: a listener whose backlog is full); ENOSYS where threads
+ * cannot have a working directory of their own (not Linux, or unshare
+ * refused by a seccomp policy) or there are no unix sockets (Windows). */
+int pl_unix_at(pl_handle dir, const char *name, int64_t sock, int op, int mode);
 /* CDEF-END */
 
 #endif

@@ -3,6 +3,7 @@
  * the holder record.  The lock byte and error conventions are described in
  * pl_win_internal.h.
  */
+#include "pl_lock_internal.h"
 #include "pl_win_internal.h"
 
 #ifdef _WIN32
@@ -65,38 +66,157 @@ static int same_file(const BY_HANDLE_FILE_INFORMATION *a, const BY_HANDLE_FILE_I
            a->nFileIndexHigh == b->nFileIndexHigh && a->nFileIndexLow == b->nFileIndexLow;
 }
 
+/* Where a lock file is: a path (CreateFileW), or a name in a directory
+ * handle from pl_open_dir (NtCreateFile relative to it: the name is looked
+ * up in that directory, whatever has been renamed or linked since). */
+typedef struct {
+    const wchar_t *wpath;
+    HANDLE dir;
+    const wchar_t *wname;
+    size_t wname_len;
+} target;
+
+#ifndef FILE_OPEN
+#define FILE_OPEN 0x00000001
+#endif
+#ifndef FILE_OPEN_IF
+#define FILE_OPEN_IF 0x00000003
+#endif
+#ifndef FILE_NON_DIRECTORY_FILE
+#define FILE_NON_DIRECTORY_FILE 0x00000040
+#endif
+#ifndef FILE_OPEN_REPARSE_POINT
+#define FILE_OPEN_REPARSE_POINT 0x00200000
+#endif
+#ifndef FILE_CREATED
+#define FILE_CREATED 0x00000002
+#endif
+#ifndef OBJ_CASE_INSENSITIVE
+#define OBJ_CASE_INSENSITIVE 0x00000040L
+#endif
+
+typedef struct {
+    USHORT Length, MaximumLength;
+    PWSTR Buffer;
+} pl_unicode_string;
+
+typedef struct {
+    ULONG Length;
+    HANDLE RootDirectory;
+    pl_unicode_string *ObjectName;
+    ULONG Attributes;
+    PVOID SecurityDescriptor, SecurityQualityOfService;
+} pl_object_attributes;
+
+typedef struct {
+    union {
+        LONG Status;
+        PVOID Pointer;
+    } u;
+    ULONG_PTR Information;
+} pl_io_status_block;
+
+typedef LONG(NTAPI *nt_create_file_fn)(PHANDLE, ACCESS_MASK, pl_object_attributes *,
+                                        pl_io_status_block *, PLARGE_INTEGER, ULONG, ULONG,
+                                        ULONG, ULONG, PVOID, ULONG);
+typedef ULONG(NTAPI *nt_status_to_error_fn)(LONG);
+
+static FARPROC ntdll_proc(const char *name)
+{
+    HMODULE ntdll = GetModuleHandleW(L"ntdll.dll");
+    return ntdll ? GetProcAddress(ntdll, name) : NULL;
+}
+
+static int nt_errno(LONG status)
+{
+    nt_status_to_error_fn to_error =
+        (nt_status_to_error_fn)(void (*)(void))ntdll_proc("RtlNtStatusToDosError");
+    if ((ULONG)status == 0xC0000056UL) /* STATUS_DELETE_PENDING */
+        return EAGAIN;
+    if ((ULONG)status == 0xC00000BAUL) /* STATUS_FILE_IS_A_DIRECTORY */
+        return EISDIR;
+    return to_error ? pl_win_errno(to_error(status)) : EIO;
+}
+
+/* NtCreateFile of t->wname in t->dir, as CreateFileW would open a path with
+ * these arguments (asynchronous: the handle is used with OVERLAPPED). */
+static HANDLE open_in_dir(const target *t, DWORD access, DWORD share, int create, DWORD attrs,
+                          int reparse, int *made, int *rc)
+{
+    nt_create_file_fn create_file =
+        (nt_create_file_fn)(void (*)(void))ntdll_proc("NtCreateFile");
+    pl_unicode_string name;
+    pl_object_attributes oa;
+    pl_io_status_block io;
+    HANDLE h = INVALID_HANDLE_VALUE;
+    LONG status;
+
+    if (create_file == NULL) {
+        *rc = ENOSYS;
+        return INVALID_HANDLE_VALUE;
+    }
+    name.Buffer = (PWSTR)t->wname;
+    name.Length = name.MaximumLength = (USHORT)(t->wname_len * sizeof(wchar_t));
+    memset(&oa, 0, sizeof oa);
+    oa.Length = sizeof oa;
+    oa.RootDirectory = t->dir;
+    oa.ObjectName = &name;
+    oa.Attributes = OBJ_CASE_INSENSITIVE; /* as CreateFileW */
+    memset(&io, 0, sizeof io);
+    status = create_file(&h, access | SYNCHRONIZE | FILE_READ_ATTRIBUTES, &oa, &io, NULL, attrs,
+                         share, create ? FILE_OPEN_IF : FILE_OPEN,
+                         FILE_NON_DIRECTORY_FILE | (reparse ? FILE_OPEN_REPARSE_POINT : 0), NULL,
+                         0);
+    if (status < 0) {
+        *rc = nt_errno(status);
+        return INVALID_HANDLE_VALUE;
+    }
+    *made = io.Information == FILE_CREATED;
+    return h;
+}
+
+static HANDLE open_target(const target *t, DWORD access, DWORD share, int create, DWORD attrs,
+                          int reparse, int *made, int *rc)
+{
+    HANDLE h;
+    *made = 0;
+    if (t->wpath == NULL)
+        return open_in_dir(t, access, share, create, attrs, reparse, made, rc);
+    /* OVERLAPPED: a lock wait is then an I/O request that can be timed and
+     * cancelled.  No SECURITY_ATTRIBUTES: the handle is not inheritable,
+     * so a child process never keeps the lock alive. */
+    h = CreateFileW(t->wpath, access, share, NULL, create ? OPEN_ALWAYS : OPEN_EXISTING,
+                    attrs | FILE_FLAG_OVERLAPPED | (reparse ? FILE_FLAG_OPEN_REPARSE_POINT : 0),
+                    NULL);
+    if (h == INVALID_HANDLE_VALUE)
+        *rc = open_error(t->wpath, GetLastError());
+    else
+        *made = create && GetLastError() != ERROR_ALREADY_EXISTS;
+    return h;
+}
+
 /* create_mode: Windows has no permission bits, and the new file inherits
  * its directory's ACL.  The one bit that maps is the owner's write
  * permission: without it the file is created FILE_ATTRIBUTE_READONLY, so
  * later openers for writing get EACCES, as on POSIX. */
-int pl_open(const char *path, int flags, int create_mode, pl_handle *out, int *created)
+static int open_lock_target(const target *t, int flags, int create_mode, pl_handle *out,
+                            int *created)
 {
     DWORD access = (flags & PL_OPEN_READONLY) ? GENERIC_READ : GENERIC_READ | GENERIC_WRITE;
     DWORD share = FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE;
     DWORD attrs = FILE_ATTRIBUTE_NORMAL;
-    DWORD disp = (flags & PL_OPEN_CREATE) ? OPEN_ALWAYS : OPEN_EXISTING;
-    /* OVERLAPPED: a lock wait is then an I/O request that can be timed and
-     * cancelled.  No SECURITY_ATTRIBUTES: the handle is not inheritable,
-     * so a child process never keeps the lock alive. */
-    DWORD fflags = FILE_FLAG_OVERLAPPED;
+    int create = (flags & PL_OPEN_CREATE) != 0;
     BY_HANDLE_FILE_INFORMATION info, again;
-    wchar_t *wpath = NULL;
     HANDLE h, h2;
-    int rc, made;
+    int rc = 0, made, made2;
 
     *created = 0;
-    if ((rc = pl_win_wide_path(path, &wpath)) != 0)
-        return rc;
     if (create_mode >= 0 && !(create_mode & 0200))
         attrs = FILE_ATTRIBUTE_READONLY;
     for (int attempt = 0;; attempt++) {
-        h = CreateFileW(wpath, access, share, NULL, disp,
-                        attrs | fflags | FILE_FLAG_OPEN_REPARSE_POINT, NULL);
-        if (h == INVALID_HANDLE_VALUE) {
-            rc = open_error(wpath, GetLastError());
+        h = open_target(t, access, share, create, attrs, 1, &made, &rc);
+        if (h == INVALID_HANDLE_VALUE)
             break;
-        }
-        made = (flags & PL_OPEN_CREATE) && GetLastError() != ERROR_ALREADY_EXISTS;
         rc = classify(h, &info);
         if (rc != 1) {
             if (rc == 0) {
@@ -108,14 +228,12 @@ int pl_open(const char *path, int flags, int create_mode, pl_handle *out, int *c
             break;
         }
         /* A placeholder-style reparse point: open it normally, and make
-         * sure the path still names the same file (not a link swapped in
-         * between the two opens). */
-        h2 = CreateFileW(wpath, access, share, NULL, OPEN_EXISTING, fflags, NULL);
+         * sure the name still leads to the same file (not a link swapped
+         * in between the two opens). */
+        h2 = open_target(t, access, share, 0, attrs, 0, &made2, &rc);
         CloseHandle(h);
-        if (h2 == INVALID_HANDLE_VALUE) {
-            rc = open_error(wpath, GetLastError());
+        if (h2 == INVALID_HANDLE_VALUE)
             break;
-        }
         if (GetFileType(h2) == FILE_TYPE_DISK && GetFileInformationByHandle(h2, &again) &&
             same_file(&info, &again) && !(again.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY)) {
             *out = (pl_handle)(intptr_t)h2;
@@ -129,8 +247,98 @@ int pl_open(const char *path, int flags, int create_mode, pl_handle *out, int *c
             break;
         }
     }
+    return rc;
+}
+
+int pl_open(const char *path, int flags, int create_mode, pl_handle *out, int *created)
+{
+    target t;
+    wchar_t *wpath = NULL;
+    int rc;
+
+    *created = 0;
+    if ((rc = pl_win_wide_path(path, &wpath)) != 0)
+        return rc;
+    memset(&t, 0, sizeof t);
+    t.wpath = wpath;
+    rc = open_lock_target(&t, flags, create_mode, out, created);
     free(wpath);
     return rc;
+}
+
+/* One component: no separator, no drive or stream (":"), not "." or "..". */
+int pl__is_name(const char *name)
+{
+    return name[0] != 0 && strpbrk(name, "\\/:") == NULL && strcmp(name, ".") != 0 &&
+           strcmp(name, "..") != 0;
+}
+
+int pl_open_at(pl_handle dir, const char *name, int flags, int create_mode, pl_handle *out,
+               int *created)
+{
+    target t;
+    wchar_t *wname = NULL;
+    size_t n;
+    int rc;
+
+    *created = 0;
+    if (as_handle(dir) == INVALID_HANDLE_VALUE || as_handle(dir) == NULL)
+        return EBADF;
+    if (!pl__is_name(name))
+        return EINVAL;
+    if ((rc = pl_win_wide(name, &wname, &n)) != 0)
+        return rc;
+    if (n > 32767) {
+        free(wname);
+        return ENAMETOOLONG;
+    }
+    memset(&t, 0, sizeof t);
+    t.dir = as_handle(dir);
+    t.wname = wname;
+    t.wname_len = n;
+    rc = open_lock_target(&t, flags, create_mode, out, created);
+    free(wname);
+    return rc;
+}
+
+int pl_open_dir(const char *path, pl_handle *out)
+{
+    DWORD share = FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE;
+    BY_HANDLE_FILE_INFORMATION info;
+    FILE_ATTRIBUTE_TAG_INFO tag;
+    wchar_t *wpath = NULL;
+    HANDLE h;
+    int rc;
+
+    if ((rc = pl_win_wide_path(path, &wpath)) != 0)
+        return rc;
+    /* BACKUP_SEMANTICS opens a directory; OPEN_REPARSE_POINT opens a
+     * junction or a link itself, so that it can be refused. */
+    h = CreateFileW(wpath, FILE_LIST_DIRECTORY | FILE_TRAVERSE | FILE_READ_ATTRIBUTES, share,
+                    NULL, OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT,
+                    NULL);
+    if (h == INVALID_HANDLE_VALUE) {
+        rc = pl_win_errno(GetLastError());
+        free(wpath);
+        return rc;
+    }
+    free(wpath);
+    if (!GetFileInformationByHandle(h, &info)) {
+        rc = pl_win_errno(GetLastError());
+    } else if (info.dwFileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) {
+        if (!GetFileInformationByHandleEx(h, FileAttributeTagInfo, &tag, sizeof tag))
+            rc = pl_win_errno(GetLastError());
+        else if (IsReparseTagNameSurrogate(tag.ReparseTag))
+            rc = PL_E_SYMLINK;
+    }
+    if (rc == 0 && !(info.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY))
+        rc = ENOTDIR;
+    if (rc != 0) {
+        CloseHandle(h);
+        return rc;
+    }
+    *out = (pl_handle)(intptr_t)h;
+    return 0;
 }
 
 /* Unlock the lock byte; a handle that holds nothing is not an error, as

@@ -72,14 +72,10 @@ static void join_path(wchar_t *out, const wchar_t *prefix, const wchar_t *rest)
     memcpy(out + p, rest, (r + 1) * sizeof(wchar_t));
 }
 
-/* The path as CreateFileW wants it, in a malloc'd buffer.  Paths too long
- * for the classic MAX_PATH limit become absolute "\\?\" paths, so they work
- * whether or not long paths are enabled for the process. */
-int pl_win_wide_path(const char *path, wchar_t **out)
+int pl_win_wide(const char *path, wchar_t **out, size_t *len)
 {
-    wchar_t *w, *full, *res;
+    wchar_t *w;
     size_t n;
-    DWORD len;
     int wn, rc;
 
     wn = MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, path, -1, NULL, 0);
@@ -101,6 +97,23 @@ int pl_win_wide_path(const char *path, wchar_t **out)
             return ENOMEM;
         wtf8_decode(path, w, &n);
     }
+    *out = w;
+    *len = n;
+    return 0;
+}
+
+/* The path as CreateFileW wants it, in a malloc'd buffer.  Paths too long
+ * for the classic MAX_PATH limit become absolute "\\?\" paths, so they work
+ * whether or not long paths are enabled for the process. */
+int pl_win_wide_path(const char *path, wchar_t **out)
+{
+    wchar_t *w, *full, *res;
+    size_t n;
+    DWORD len;
+    int rc;
+
+    if ((rc = pl_win_wide(path, &w, &n)) != 0)
+        return rc;
     if (n == 0) {
         free(w);
         return ENOENT;

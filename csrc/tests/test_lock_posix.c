@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -585,6 +587,124 @@ static void test_foreign_file_is_never_written(void)
     pl_close(a);
 }
 
+/* Lock files opened by name in a directory descriptor: found there whatever
+ * is renamed or swapped on the directory's path afterwards, refused as
+ * anything but a plain file, and checked at each acquisition by that name
+ * in that directory. */
+static void test_open_at(void)
+{
+    char d[512], moved[512], other[512], link[512], file[512];
+    snprintf(d, sizeof d, "%s", path_in("at"));
+    snprintf(moved, sizeof moved, "%s", path_in("at.moved"));
+    snprintf(other, sizeof other, "%s", path_in("at.other"));
+    snprintf(link, sizeof link, "%s", path_in("at.link"));
+    snprintf(file, sizeof file, "%s", path_in("at.file"));
+    pl_handle dh = -1, h = -1, h2 = -1;
+    int created = 0, fd;
+    struct stat st;
+    CHECK(mkdir(d, 0755) == 0 && mkdir(other, 0755) == 0);
+    CHECK(symlink(d, link) == 0);
+    CHECK((fd = open(file, O_CREAT | O_WRONLY, 0600)) >= 0);
+    close(fd);
+    CHECK(pl_open_dir(link, &dh) == PL_E_SYMLINK);
+    CHECK(pl_open_dir(file, &dh) == ENOTDIR);
+    CHECK(pl_open_dir(path_in("at.missing"), &dh) == ENOENT);
+    CHECK(pl_open_dir(d, &dh) == 0);
+    CHECK(pl_open_at(dh, "x/y", PL_OPEN_CREATE, -1, &h, &created) == EINVAL);
+    CHECK(pl_open_at(dh, "..", PL_OPEN_CREATE, -1, &h, &created) == EINVAL);
+    CHECK(pl_open_at(dh, ".", PL_OPEN_CREATE, -1, &h, &created) == EINVAL);
+    CHECK(pl_open_at(dh, "", PL_OPEN_CREATE, -1, &h, &created) == EINVAL);
+    CHECK(pl_open_at(-1, "a", PL_OPEN_CREATE, -1, &h, &created) == EBADF);
+
+    /* The directory renamed away and its path made a link elsewhere: the
+     * file is created in the directory that was opened, never elsewhere. */
+    CHECK(rename(d, moved) == 0 && symlink(other, d) == 0);
+    CHECK(pl_open_at(dh, "a.lock", PL_OPEN_CREATE, 0666, &h, &created) == 0 && created == 1);
+    CHECK(stat(path_in("at.moved/a.lock"), &st) == 0 && (st.st_mode & 0777) == 0666);
+    CHECK(access(path_in("at.other/a.lock"), F_OK) != 0);
+    CHECK(pl_open_at(dh, "a.lock", 0, -1, &h2, &created) == 0 && created == 0);
+    pl_close(h2);
+
+    /* A link, a FIFO and a directory at the name are refused, unfollowed. */
+    CHECK(symlink(file, path_in("at.moved/l")) == 0);
+    CHECK(pl_open_at(dh, "l", PL_OPEN_CREATE, -1, &h2, &created) == PL_E_SYMLINK);
+    CHECK(mkfifo(path_in("at.moved/f"), 0600) == 0);
+    CHECK(pl_open_at(dh, "f", PL_OPEN_CREATE, -1, &h2, &created) == PL_E_NOTREG);
+    CHECK(mkdir(path_in("at.moved/sub"), 0700) == 0);
+    CHECK(pl_open_at(dh, "sub", PL_OPEN_CREATE, -1, &h2, &created) == EISDIR);
+
+    /* The claim's check looks up the name in the directory: the swapped
+     * path does not make it ask for a reopen, an unlinked name does. */
+    pl_lockfile lf;
+    memset(&lf, 0, sizeof lf);
+    lf.handle = h;
+    lf.path = path_in("at/a.lock"); /* for messages only: now through the link */
+    lf.name = "a.lock";
+    lf.dir = dh;
+    CHECK(pl_file_stat(h, &lf.st) == 0);
+    CHECK(pl_acquire(&lf, TOKEN) == 0);
+    CHECK(pl_unlock(h) == 0);
+    CHECK(unlink(path_in("at.moved/a.lock")) == 0);
+    CHECK(pl_acquire(&lf, TOKEN) == PL_E_UNLINKED);
+    pl_close(h);
+    pl_close(dh);
+}
+
+static int socket_mode(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISSOCK(st.st_mode))
+        return -1;
+    return (int)(st.st_mode & 0777);
+}
+
+/* Unix sockets bound and connected by name in a directory descriptor: the
+ * socket file has the asked mode from its creation whatever the umask, and
+ * neither the program's umask nor its working directory changes. */
+static void test_unix_at(void)
+{
+    char d[512], moved[512], other[512];
+    snprintf(d, sizeof d, "%s", path_in("sock"));
+    snprintf(moved, sizeof moved, "%s", path_in("sock.moved"));
+    snprintf(other, sizeof other, "%s", path_in("sock.other"));
+    char cwd_before[512], cwd_after[512];
+    pl_handle dh = -1;
+    int s1 = socket(AF_UNIX, SOCK_STREAM, 0), s2 = socket(AF_UNIX, SOCK_STREAM, 0);
+    int c = socket(AF_UNIX, SOCK_STREAM, 0);
+    CHECK(mkdir(d, 0755) == 0 && mkdir(other, 0755) == 0);
+    CHECK(pl_open_dir(d, &dh) == 0);
+    CHECK(pl_unix_at(dh, "../x", s1, PL_UNIX_BIND, -1) == EINVAL);
+    CHECK(pl_unix_at(dh, "x", s1, 3, -1) == EINVAL);
+    CHECK(pl_unix_at(dh, "x", s1, PL_UNIX_BIND, 01000) == EINVAL);
+    CHECK(getcwd(cwd_before, sizeof cwd_before) != NULL);
+    mode_t old = umask(077);
+    CHECK(rename(d, moved) == 0 && symlink(other, d) == 0);
+    int rc = pl_unix_at(dh, "s", s1, PL_UNIX_BIND, 0666);
+    if (rc == ENOSYS) {
+        fprintf(stderr, "skip test_unix_at: no per-thread working directory here\n");
+    } else {
+        CHECK(rc == 0);
+        CHECK(socket_mode(path_in("sock.moved/s")) == 0666);
+        CHECK(access(path_in("sock.other/s"), F_OK) != 0);
+        CHECK(umask(077) == 077); /* the program's umask is untouched */
+        CHECK(getcwd(cwd_after, sizeof cwd_after) != NULL && strcmp(cwd_before, cwd_after) == 0);
+        CHECK(pl_unix_at(dh, "s", s2, PL_UNIX_BIND, 0600) == EADDRINUSE);
+        CHECK(pl_unix_at(dh, "t", s2, PL_UNIX_BIND, -1) == 0);
+        CHECK(socket_mode(path_in("sock.moved/t")) == 0700); /* 0777 less the umask */
+        CHECK(pl_unix_at(dh, "s", c, PL_UNIX_CONNECT, -1) == ECONNREFUSED);
+        CHECK(listen(s1, 4) == 0);
+        CHECK(pl_unix_at(dh, "s", c, PL_UNIX_CONNECT, -1) == 0);
+        int c2 = socket(AF_UNIX, SOCK_STREAM, 0);
+        CHECK(pl_unix_at(dh, "missing", c2, PL_UNIX_CONNECT, -1) == ENOENT);
+        close(c2);
+    }
+    umask(old);
+    close(s1);
+    close(s2);
+    close(c);
+    pl_close(dh);
+}
+
 int main(void)
 {
     if (mkdtemp(dir) == NULL) {
@@ -604,6 +724,8 @@ int main(void)
     test_timed_holds();
     test_wake_signal_rechecked();
     test_foreign_file_is_never_written();
+    test_open_at();
+    test_unix_at();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

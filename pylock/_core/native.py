@@ -18,7 +18,7 @@ TYPE_CHECKING = False  # typing is not imported at run time (start-up: bench/REA
 if TYPE_CHECKING:
     from typing import NoReturn
 
-__all__ = ["check", "fail", "ffi", "lib", "open_lock_file"]
+__all__ = ["check", "fail", "ffi", "lib", "open_directory", "open_lock_file", "open_lock_file_at"]
 
 if (lib.PL_E_SYMLINK, lib.PL_E_NOTREG) != (SYMLINK, NOT_REGULAR):
     raise ImportError("pylock._native does not match this pylock package: reinstall pylock")
@@ -67,6 +67,36 @@ def open_lock_file(path: str, flags: int, mode: int = -1) -> int:
         time.sleep(0.001)
         rc = lib.pl_open(encoded, flags, mode, out, created)
     check(rc, path)
+    return int(out[0])
+
+
+def open_lock_file_at(directory: int, name: str, path: str, flags: int, mode: int = -1) -> int:
+    """A handle on the lock file name in the directory handle (open_directory),
+    looked up there and nowhere else; errors name path."""
+    if "\0" in name:
+        raise LockFileError(errno.EINVAL, path.replace("\0", "\\0"), "the name contains a NUL byte")
+    out = ffi.new("pl_handle *")
+    created = ffi.new("int *")
+    encoded = os.fsencode(name)
+    rc = lib.pl_open_at(directory, encoded, flags, mode, out, created)
+    for _ in range(_DELETE_PENDING_RETRIES):  # Windows only, as in open_lock_file
+        if rc != errno.EAGAIN:
+            break
+        time.sleep(0.001)
+        rc = lib.pl_open_at(directory, encoded, flags, mode, out, created)
+    check(rc, path)
+    return int(out[0])
+
+
+def open_directory(path: str) -> int:
+    """A handle on the directory at path, never through a symbolic link (or
+    junction) as the directory itself; OSError (errno SYMLINK for a link)."""
+    if "\0" in path:
+        raise LockFileError(errno.EINVAL, path.replace("\0", "\\0"), "the path contains a NUL byte")
+    out = ffi.new("pl_handle *")
+    rc = lib.pl_open_dir(os.fsencode(path), out)
+    if rc:
+        raise OSError(rc, "a symbolic link" if rc == SYMLINK else os.strerror(rc), path)
     return int(out[0])
 
 

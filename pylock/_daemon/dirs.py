@@ -4,7 +4,8 @@ Both are checked before use, because whoever controls a lock directory can
 remove lock files and so split holders: the per-user directory must belong
 to the user and be writable by nobody else; the shared port directory must
 be a real directory that, if others may write to it, has the sticky bit (so
-nobody removes another user's lock file).
+nobody removes another user's lock file).  The shared one is checked on a
+handle that its lock files are then opened through, never by its name again.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import errno
 import os
 import stat
 
-from .._core.errors import LockError
+from .._core.errors import SYMLINK, LockError
+from .._core.native import lib, open_directory
 
 ENV_RUNTIME = "PYLOCK_RUNTIME_DIR"
 ENV_PORTS = "PYLOCK_PORT_DIR"
@@ -38,13 +40,52 @@ def _rebuild(message: str, path: str) -> UnsafeDirectory:
     return error
 
 
-def _make_dir(path: str, mode: int) -> None:
+def _symlink_refused(path: str) -> UnsafeDirectory:
+    return UnsafeDirectory(
+        path,
+        "it is a symbolic link (whoever made it chooses where the locks go)",
+        "remove the link, or point the setting at the real directory",
+    )
+
+
+def open_dir(path: str, mode: int | None = None) -> tuple[int, os.stat_result | None]:
+    """A handle on the directory at path (never through a link as the
+    directory itself) and its fstat (None on Windows); the caller closes it.
+
+    With mode, a missing directory is created: mkdir's mode passes through
+    the umask, so the mode promised is then set on the directory just made,
+    through this handle (by name, a link swapped in meanwhile would be
+    followed).
+    """
+    made = False
+    if mode is not None:
+        try:
+            os.mkdir(path, mode)
+            made = True
+        except FileExistsError:
+            pass
     try:
-        os.mkdir(path, mode)
-    except FileExistsError:
-        return
-    # mkdir's mode passes through the umask: set the mode we promised.
-    os.chmod(path, mode)
+        handle = open_directory(path)
+    except OSError as exc:
+        if exc.errno == SYMLINK:
+            raise _symlink_refused(path) from None
+        if exc.errno == errno.ENOTDIR:
+            raise UnsafeDirectory(
+                path, "it is not a directory", "remove it or choose another path"
+            ) from None
+        raise LockError(f"cannot use lock directory {path}: {exc.strerror}") from None
+    if os.name == "nt":
+        return handle, None
+    try:
+        st = os.fstat(handle)
+        mine = made and st.st_uid == os.geteuid()
+        if mine and mode is not None and stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(handle, mode)
+            st = os.fstat(handle)
+    except BaseException:
+        lib.pl_close(handle)
+        raise
+    return handle, st
 
 
 def _lstat_dir(path: str) -> os.stat_result:
@@ -53,11 +94,7 @@ def _lstat_dir(path: str) -> os.stat_result:
     except OSError as exc:
         raise LockError(f"cannot use lock directory {path}: {exc.strerror}") from None
     if stat.S_ISLNK(st.st_mode):
-        raise UnsafeDirectory(
-            path,
-            "it is a symbolic link (whoever made it chooses where the locks go)",
-            "remove the link, or point the setting at the real directory",
-        )
+        raise _symlink_refused(path)
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeDirectory(path, "it is not a directory", "remove it or choose another path")
     return st
@@ -109,16 +146,28 @@ def runtime_dir() -> str:
             import tempfile
 
             path = os.path.join(tempfile.gettempdir(), f"pylock-{os.geteuid()}")
-    _make_dir(path, 0o700)
+    handle, _ = open_dir(path, 0o700)
+    lib.pl_close(handle)
     return check_private(path)
 
 
 def port_dir() -> str:
-    """The host-wide directory of port locks, shared by every user.
+    """The host-wide directory of port locks, shared by every user (checked, as open_port_dir)."""
+    path, handle = open_port_dir()
+    lib.pl_close(handle)
+    return path
+
+
+def open_port_dir() -> tuple[str, int]:
+    """The host-wide directory of port locks and a handle on it (the caller closes it).
 
     PYLOCK_PORT_DIR if set, else /tmp/pylock-ports.  Created with mode 1777
     (anyone may create a lock file, nobody may remove another user's).
-    Refused when it is a symlink or writable by others without the sticky bit.
+    Refused when it is a symlink or writable by others without the sticky
+    bit.  The checks are made on the handle, and lock files are to be opened
+    through it (LockAt): whoever made the directory, or may write to one of
+    its parents, can rename it and put a link or a directory of their own in
+    its place, but not move where the checked handle leads.
     """
     chosen = os.environ.get(ENV_PORTS)
     if os.name == "nt":
@@ -128,23 +177,22 @@ def port_dir() -> str:
             else os.path.join(os.environ.get("PROGRAMDATA", r"C:\ProgramData"), "pylock", "ports")
         )
         os.makedirs(path, exist_ok=True)
-        return path
+        return path, open_dir(path)[0]
     path = os.path.abspath(chosen) if chosen else DEFAULT_PORT_DIR
     try:
-        _make_dir(path, 0o1777)
-    except OSError as exc:
-        # EPERM from chmod: made by another user an instant ago; checked below.
-        if exc.errno != errno.EPERM or not os.path.isdir(path):
-            raise LockError(
-                f"cannot create the port lock directory {path}: {exc.strerror}; create it "
-                f"once for every user (mkdir -m 1777 {path}) or set {ENV_PORTS}"
-            ) from None
-    st = _lstat_dir(path)
+        handle, st = open_dir(path, 0o1777)
+    except OSError as exc:  # from mkdir (LockError is no OSError)
+        raise LockError(
+            f"cannot create the port lock directory {path}: {exc.strerror}; create it "
+            f"once for every user (mkdir -m 1777 {path}) or set {ENV_PORTS}"
+        ) from None
+    assert st is not None
     if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        lib.pl_close(handle)
         raise UnsafeDirectory(
             path,
             f"others may write to it (mode {stat.S_IMODE(st.st_mode):04o}) but it lacks "
             "the sticky bit, so any user could remove a held port lock's file",
             f"chmod +t {path} (or recreate it with mode 1777)",
         )
-    return path
+    return path, handle

@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 from .._core.errors import LockError
 from .._core.procfs import bound_sockets, cmdline, socket_pids
 from .._lock.lock import Lock
-from .dirs import port_dir
+from .._lock.lock_at import LockAt
+from .dirs import open_port_dir, port_dir
 
 PROTOCOLS = ("tcp", "udp")
 
@@ -81,9 +82,13 @@ def _check(port: int, protocol: str) -> None:
         raise ValueError(f"protocol must be 'tcp' or 'udp', not {protocol!r}")
 
 
-def port_lock_path(port: int, protocol: str = "tcp") -> str:
+def port_lock_name(port: int, protocol: str = "tcp") -> str:
     _check(port, protocol)
-    return os.path.join(port_dir(), f"{protocol}-{port}.lock")
+    return f"{protocol}-{port}.lock"
+
+
+def port_lock_path(port: int, protocol: str = "tcp") -> str:
+    return os.path.join(port_dir(), port_lock_name(port, protocol))
 
 
 def port_lock(
@@ -98,10 +103,15 @@ def port_lock(
 
     Without waiting by default: LockHeld names the holder.  The record
     carries the port and protocol (plus info).  Lock files are created
-    mode 0666 so every user can record itself as the holder.
+    mode 0666 so every user can record itself as the holder, in the port
+    directory that was checked, through its handle (see open_port_dir).
     """
-    lock = Lock(
-        port_lock_path(port, protocol),
+    name = port_lock_name(port, protocol)
+    directory, handle = open_port_dir()
+    lock = LockAt(
+        handle,
+        name,
+        path=directory,
         mode=0o666,
         info={**(info or {}), "port": port, "protocol": protocol},
     )

@@ -169,7 +169,7 @@ class Lock:
         # A record-less lock never writes, so it never asks for write access.
         flags = lib.PL_OPEN_CREATE | (0 if self._record else lib.PL_OPEN_READONLY)
         try:
-            handle = open_lock_file(self.path, flags, self._mode)
+            handle = self._open_file(flags, self._mode)
             self._writable = self._record
             self._lf.no_record_reason = 0
         except OSError as exc:
@@ -179,7 +179,7 @@ class Lock:
             if not self._record or exc.errno not in _READ_ONLY_FALLBACK:
                 raise
             try:
-                handle = open_lock_file(self.path, lib.PL_OPEN_READONLY)
+                handle = self._open_file(lib.PL_OPEN_READONLY)
             except OSError:
                 raise exc from None
             self._writable = False
@@ -215,6 +215,13 @@ class Lock:
         self._handle = handle
         _open_locks.add(self)
         return handle
+
+    def _open_file(self, flags: int, mode: int = -1) -> int:
+        """A handle on the lock file (LockAt opens it in its directory)."""
+        return open_lock_file(self.path, flags, mode)
+
+    def _unlink_file(self) -> None:
+        os.unlink(self.path)
 
     def _check_filesystem(self, handle: int) -> None:
         fs = ffi.new("pl_fs_info *")
@@ -527,7 +534,7 @@ class Lock:
         # Only if the path still names our file, asked of the C core (whose
         # dev/ino we compare against; os.stat's differ on older Windows).
         try:
-            handle = open_lock_file(self.path, lib.PL_OPEN_READONLY)
+            handle = self._open_file(lib.PL_OPEN_READONLY)
         except OSError:
             return  # gone already, or no longer a plain file: not ours to remove
         try:
@@ -536,7 +543,7 @@ class Lock:
         finally:
             lib.pl_close(handle)
         if ours:
-            os.unlink(self.path)
+            self._unlink_file()
 
     # -- diagnostics ------------------------------------------------------
 

@@ -18,6 +18,7 @@ from pylock._daemon.dirs import UnsafeDirectory
 from pylock._daemon.ports import listeners
 from tests.support import env_with_repo
 from tests.support.children import Forked
+from tests.support.pause import call_of, paused_at
 from tests.support.procs import NOBODY
 
 
@@ -225,3 +226,104 @@ def test_a_symlinked_port_dir_is_refused(port_dir, tmp_path):
     with pytest.raises(UnsafeDirectory, match="symbolic link"):
         pylock.port_lock(free_port())
     assert list(tmp_path.iterdir()) == []
+
+
+# -- the shared directory under attack -------------------------------------------
+
+
+@pytest.fixture
+def nobodys_parent(public_dir, monkeypatch):
+    """A port directory whose parent another user (uid 65534) owns, as when
+    PYLOCK_PORT_DIR points into a directory of theirs: they may rename the
+    port directory and put something else at its name.  Also a directory
+    of root's that they cannot write to, where they would like root to
+    create a world-writable file."""
+    parent = public_dir / "shared"
+    parent.mkdir(mode=0o755)
+    os.chown(parent, *NOBODY)
+    elsewhere = public_dir / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    monkeypatch.setenv("PYLOCK_PORT_DIR", str(parent / "ports"))
+    return parent, elsewhere
+
+
+def swapper(parent: Path, elsewhere: Path, how: str) -> Forked:
+    """Another user who, told "go", renames the port directory to
+    ports.checked and puts a link to `elsewhere` (or a directory of its own)
+    in its place, then says "swapped"."""
+
+    def swap(chan: Forked.Chan) -> None:
+        assert chan.hear() == "go"
+        os.rename(parent / "ports", parent / "ports.checked")
+        if how == "symlink":
+            os.symlink(elsewhere, parent / "ports")
+        else:
+            os.mkdir(parent / "ports", 0o777)
+            os.chmod(parent / "ports", 0o777)
+        chan.say("swapped")
+        chan.until_closed()
+
+    return Forked(swap, user=NOBODY)
+
+
+def swapped(parent: Path, elsewhere: Path, how: str) -> bool:
+    """The control: the other user's swap happened and is still in place."""
+    ports = parent / "ports"
+    if how == "symlink":
+        return ports.is_symlink() and os.readlink(ports) == str(elsewhere)
+    return not ports.is_symlink() and ports.stat().st_uid == NOBODY[0]
+
+
+@pytest.mark.root  # another user swaps root's port directory
+@pytest.mark.parametrize("how", ["symlink", "directory"])
+def test_a_port_dir_swapped_between_its_check_and_the_open_never_gets_the_lock_file(
+    nobodys_parent, how
+):
+    parent, elsewhere = nobodys_parent
+    port = free_port()
+    attacker = swapper(parent, elsewhere, how)
+
+    def move() -> None:
+        attacker.tell("go")
+        assert attacker.line() == "swapped"
+
+    try:
+        # Paused after the directory was checked, just before the lock file is opened.
+        with paused_at(call_of("pl_open", "pl_open_at"), move) as paused:
+            lock = pylock.port_lock(port)
+        try:
+            assert paused, "the victim never reached the lock file's open"
+            assert swapped(parent, elsewhere, how)
+            assert list(elsewhere.iterdir()) == [], "root created its lock file elsewhere"
+            if how == "directory":
+                assert list((parent / "ports").iterdir()) == []
+            lock_file = parent / "ports.checked" / f"tcp-{port}.lock"
+            assert lock_file.stat().st_mode & 0o777 == 0o666
+            assert (lock_file.stat().st_dev, lock_file.stat().st_ino) == lock._key
+        finally:
+            lock.close()
+    finally:
+        attacker.close_input()
+        assert attacker.wait() == 0
+
+
+@pytest.mark.root  # another user swaps root's port directory
+def test_a_port_dir_swapped_between_two_acquisitions_never_gets_the_lock_file(nobodys_parent):
+    parent, elsewhere = nobodys_parent
+    port = free_port()
+    lock = pylock.port_lock(port)
+    attacker = swapper(parent, elsewhere, "symlink")
+    try:
+        lock.release()
+        attacker.tell("go")
+        assert attacker.line() == "swapped"
+        assert swapped(parent, elsewhere, "symlink")
+        # The check after locking looks the file up in the directory it was
+        # opened in: still there, so nothing is reopened through the link.
+        lock.acquire()
+        assert list(elsewhere.iterdir()) == [], "root reopened its lock file elsewhere"
+        assert lock.locked
+    finally:
+        lock.close()
+        attacker.close_input()
+        assert attacker.wait() == 0

@@ -11,12 +11,16 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import pylock
+from pylock._daemon import unixsock
 from pylock._daemon.dirs import UnsafeDirectory
+from tests.support.children import Forked
+from tests.support.pause import call_of, paused_at
 from tests.support.procs import NOBODY
 
 LISTENER = textwrap.dedent(
@@ -218,3 +222,185 @@ def test_pylock_runtime_dir_overrides_xdg(no_runtime_env, monkeypatch, tmp_path)
     assert pylock.runtime_dir() == str(tmp_path / "mine")
     assert not (tmp_path / "xdg" / "pylock").exists()
     shutil.rmtree(tmp_path / "mine")
+
+
+# -- a socket directory other users may write to -----------------------------------
+
+
+def dead_socket(path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))  # closed without unlinking: a dead socket file
+
+
+def attacker(move: Callable[[], None]) -> Forked:
+    """uid 65534, who makes its move when told "go" and then says "swapped"."""
+
+    def run(chan: Forked.Chan) -> None:
+        assert chan.hear() == "go"
+        move()
+        chan.say("swapped")
+        chan.until_closed()
+
+    return Forked(run, user=NOBODY)
+
+
+def go(other: Forked) -> Callable[[], None]:
+    def move() -> None:
+        other.tell("go")
+        assert other.line() == "swapped"
+
+    return move
+
+
+def finish(other: Forked) -> None:
+    other.close_input()
+    assert other.wait() == 0
+
+
+@pytest.mark.root  # another user swaps root's fresh socket
+def test_the_mode_never_reaches_a_file_swapped_in_for_the_fresh_socket(public_dir):
+    run = public_dir / "run"  # another user's directory: they may rename its entries
+    run.mkdir(mode=0o755)
+    os.chown(run, *NOBODY)
+    secret = public_dir / "secret"
+    secret.write_bytes(b"root only")
+    secret.chmod(0o600)
+    path = run / "d.sock"
+
+    def swap() -> None:
+        os.rename(path, run / "d.sock.moved")
+        os.symlink(secret, path)
+
+    other = attacker(swap)
+    try:
+        # Paused at the first step after the socket file appeared (before
+        # anything could set its mode by name).
+        with paused_at(lambda event, name: os.path.lexists(path), go(other)) as paused:
+            sock = pylock.claim_unix_socket(path, mode=0o660)
+        try:
+            assert paused, "the socket file never appeared"
+            assert os.readlink(path) == str(secret)  # the control: the swap happened
+            assert stat.S_IMODE(secret.stat().st_mode) == 0o600, "root's claim changed its mode"
+            moved = (run / "d.sock.moved").lstat()
+            assert stat.S_ISSOCK(moved.st_mode) and stat.S_IMODE(moved.st_mode) == 0o660
+            with socket.socket(socket.AF_UNIX) as client:
+                client.connect(str(run / "d.sock.moved"))
+        finally:
+            sock.close()
+    finally:
+        finish(other)
+
+
+@pytest.mark.root  # another user swaps the directory of root's dead socket
+def test_removing_a_dead_socket_never_follows_a_directory_swapped_in_after_the_check(public_dir):
+    shared = public_dir / "shared"  # another user's: they may rename the socket's directory
+    shared.mkdir(mode=0o755)
+    os.chown(shared, *NOBODY)
+    (shared / "run").mkdir(mode=0o755)
+    dead_socket(shared / "run" / "d.sock")
+    elsewhere = public_dir / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    precious = elsewhere / "d.sock"
+    precious.write_bytes(b"precious data")
+
+    def swap() -> None:
+        os.rename(shared / "run", shared / "run.checked")
+        os.symlink(elsewhere, shared / "run")
+
+    other = attacker(swap)
+    try:
+        # Paused after the dead socket was checked twice, just before its removal.
+        with paused_at(call_of("unlink"), go(other)) as paused:
+            sock = pylock.claim_unix_socket(shared / "run" / "d.sock")
+        try:
+            assert paused
+            assert os.readlink(shared / "run") == str(elsewhere)  # the control
+            assert stat.S_ISREG(precious.lstat().st_mode), "root replaced a file elsewhere"
+            assert precious.read_bytes() == b"precious data"
+            claimed = shared / "run.checked" / "d.sock"
+            assert stat.S_ISSOCK(claimed.lstat().st_mode)
+            with socket.socket(socket.AF_UNIX) as client:
+                client.connect(str(claimed))  # the new socket, where the dead one was
+        finally:
+            sock.close()
+    finally:
+        finish(other)
+
+
+@pytest.mark.root  # another user swaps the dead socket itself
+def test_a_dead_socket_swapped_for_a_file_while_dialled_is_left_intact(public_dir):
+    run = public_dir / "run"
+    run.mkdir(mode=0o755)
+    os.chown(run, *NOBODY)
+    path = run / "d.sock"
+    dead_socket(path)
+
+    def swap() -> None:
+        os.rename(path, run / "d.sock.old")
+        path.write_bytes(b"their data")
+
+    other = attacker(swap)
+    try:
+        with paused_at(call_of("connect", "pl_unix_at"), go(other)) as paused:  # the dialling
+            with pytest.raises(pylock.SocketInUse, match="changed while pylock checked it"):
+                pylock.claim_unix_socket(path)
+        assert paused
+        assert path.read_bytes() == b"their data"
+    finally:
+        finish(other)
+
+
+@pytest.mark.root  # links of root and of another user
+def test_a_socket_directory_behind_a_link_is_followed_only_for_root_or_the_caller(public_dir):
+    real = public_dir / "real"
+    real.mkdir()
+    link = public_dir / "link"
+    link.symlink_to(real)
+    sock = pylock.claim_unix_socket(link / "d.sock")  # root's link: followed (like /var/run)
+    sock.close()
+    assert stat.S_ISSOCK((real / "d.sock").lstat().st_mode)
+    theirs = public_dir / "theirs"
+    theirs.symlink_to(real)
+    os.lchown(theirs, *NOBODY)
+    with pytest.raises(UnsafeDirectory, match="symbolic link of uid 65534"):
+        pylock.claim_unix_socket(theirs / "e.sock")
+    assert not (real / "e.sock").exists()
+
+
+def test_claiming_leaves_the_programs_umask_and_working_directory_alone(tmp_path):
+    cwd = os.getcwd()
+    old = os.umask(0o077)
+    try:
+        sock = pylock.claim_unix_socket(tmp_path / "d.sock", mode=0o666)
+        sock.close()
+        assert os.umask(0o077) == 0o077 and os.getcwd() == cwd
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "d.sock").lstat().st_mode) == 0o666
+
+
+@pytest.fixture
+def by_path(monkeypatch):
+    """Where threads cannot have their own working directory (macOS, a
+    seccomp policy refusing unshare): pylock binds by path."""
+    monkeypatch.setattr(unixsock, "_per_thread_cwd", False)
+
+
+@pytest.mark.parametrize("dir_mode", [0o700, 0o1777])
+def test_by_path_the_mode_is_set_where_nobody_else_renames_entries(by_path, tmp_path, dir_mode):
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(dir_mode)
+    sock = pylock.claim_unix_socket(run / "d.sock", mode=0o660)
+    sock.close()
+    assert stat.S_IMODE((run / "d.sock").lstat().st_mode) == 0o660
+
+
+def test_by_path_a_mode_in_a_directory_others_may_rename_in_is_refused(by_path, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o777)
+    with pytest.raises(pylock.LockError, match="other users may rename entries"):
+        pylock.claim_unix_socket(run / "d.sock", mode=0o660)
+    assert not (run / "d.sock").exists()
+    pylock.claim_unix_socket(run / "d.sock").close()  # without a mode: nothing to set by name

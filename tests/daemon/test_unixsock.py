@@ -341,9 +341,10 @@ def test_a_dead_socket_swapped_for_a_file_while_dialled_is_left_intact(public_di
 
     other = attacker(swap)
     try:
-        with paused_at(call_of("connect", "pl_unix_at"), go(other)) as paused:  # the dialling
-            with pytest.raises(pylock.SocketInUse, match="changed while pylock checked it"):
-                pylock.claim_unix_socket(path)
+        dialling = call_of("connect", "pl_unix_at")
+        refused = pytest.raises(pylock.SocketInUse, match="changed while pylock checked it")
+        with paused_at(dialling, go(other)) as paused, refused:
+            pylock.claim_unix_socket(path)
         assert paused
         assert path.read_bytes() == b"their data"
     finally:

@@ -1,8 +1,9 @@
 """Every reader of Linux's /proc in pylock: who holds a lock (fdinfo and
 /proc/locks), a process's command line and status (thread group, uids,
-umask), pid_max, and the sockets bound to a port.  Reading takes no lock, so
-looking never disturbs anyone; a file that cannot be read (another user's
-process, one that has gone, no /proc at all) is an answer, never an error.
+umask), pid_max, the sockets on a port (in every state) and the ephemeral
+port range.  Reading takes no lock, so looking never disturbs anyone; a file
+that cannot be read (another user's process, one that has gone, no /proc at
+all) is an answer, never an error.
 
 An fdinfo file carries a "lock:" line for each lock owned by that open file
 description, so it names the real holders: the processes sharing an
@@ -216,30 +217,91 @@ def fd_path(fd: int) -> str | None:
 
 # -- sockets: /proc/net and the processes' descriptors ------------------------------
 
-_TCP_LISTEN = "0A"
+_TCP_LISTEN = 10
+
+if TYPE_CHECKING:
+
+    class NetSocket(NamedTuple):
+        """A line of /proc/net/{tcp,udp}[6]: the socket's state (the kernel's
+        number: TCP_LISTEN is 10; UDP 7 bound, 1 connected), its addresses as
+        "ip:port" ("[ip6]:port"), its owner, and its inode (0: no process holds
+        it any more, as a connection in TIME_WAIT)."""
+
+        state: int
+        local: str
+        remote: str
+        uid: int
+        inode: int
+
+else:
+    NetSocket = namedtuple("NetSocket", "state local remote uid inode")
 
 
-def bound_sockets(port: int, protocol: str) -> dict[int, int]:
-    """inode -> uid of every socket bound to port (TCP: listening) in this
-    network namespace, IPv4 and IPv6 (protocol "tcp" or "udp")."""
-    found: dict[int, int] = {}
+def port_sockets(port: int, protocol: str) -> list[NetSocket]:
+    """Every socket of this network namespace whose local port is port, in
+    every state, IPv4 and IPv6 (protocol "tcp" or "udp")."""
+    found: list[NetSocket] = []
     for table in (protocol, protocol + "6"):
         try:
             with open(f"{PROC}/net/{table}", encoding="ascii", errors="replace") as f:
                 next(f, None)  # the header
                 for line in f:
-                    fields = line.split()
-                    if len(fields) < 10:
-                        continue
-                    local_port = int(fields[1].rsplit(":", 1)[1], 16)
-                    if local_port != port or (protocol == "tcp" and fields[3] != _TCP_LISTEN):
-                        continue
-                    inode = int(fields[9])
-                    if inode:
-                        found[inode] = int(fields[7])
-        except (OSError, ValueError, IndexError):
-            continue  # no IPv6, or a table this kernel lays out otherwise
+                    row = _net_socket(line.split(), port)
+                    if row is not None:
+                        found.append(row)
+        except OSError:
+            continue  # no IPv6, or no /proc
     return found
+
+
+def _net_socket(fields: list[str], port: int) -> NetSocket | None:
+    try:
+        local_addr, local_port = fields[1].rsplit(":", 1)
+        if int(local_port, 16) != port:
+            return None
+        remote_addr, remote_port = fields[2].rsplit(":", 1)
+        return NetSocket(
+            int(fields[3], 16),
+            _net_address(local_addr, port),
+            _net_address(remote_addr, int(remote_port, 16)),
+            int(fields[7]),
+            int(fields[9]),
+        )
+    except (IndexError, ValueError, OSError):
+        return None  # a line this kernel lays out otherwise
+
+
+def _net_address(hex_addr: str, port: int) -> str:
+    """/proc/net's address: the kernel's 32-bit words, each printed in host order."""
+    import socket
+    import struct
+
+    raw = b"".join(
+        struct.pack("=I", int(hex_addr[i : i + 8], 16)) for i in range(0, len(hex_addr), 8)
+    )
+    if len(raw) == 4:
+        return f"{socket.inet_ntop(socket.AF_INET, raw)}:{port}"
+    return f"[{socket.inet_ntop(socket.AF_INET6, raw)}]:{port}"
+
+
+def local_port_range() -> range | None:
+    """The ports Linux hands to outgoing connections (net.ipv4.ip_local_port_range)."""
+    words = _read(f"{PROC}/sys/net/ipv4/ip_local_port_range").split()
+    try:
+        low, high = (int(word) for word in words)
+    except ValueError:
+        return None
+    return range(low, high + 1)
+
+
+def bound_sockets(port: int, protocol: str) -> dict[int, int]:
+    """inode -> uid of every socket bound to port (TCP: listening) in this
+    network namespace, IPv4 and IPv6 (protocol "tcp" or "udp")."""
+    return {
+        row.inode: row.uid
+        for row in port_sockets(port, protocol)
+        if row.inode and (protocol != "tcp" or row.state == _TCP_LISTEN)
+    }
 
 
 def socket_pids(inodes: set[int]) -> dict[int, list[int]]:
@@ -252,13 +314,14 @@ def socket_pids(inodes: set[int]) -> dict[int, list[int]]:
             fds = os.listdir(fd_dir)
         except OSError:
             continue  # another user's process, or gone
+        credited: set[int] = set()  # a process often holds several: a listener, its connections
         for fd in fds:
             try:
                 link = os.readlink(f"{fd_dir}/{fd}")
             except OSError:
                 continue
             inode = targets.get(link)
-            if inode is not None:
+            if inode is not None and inode not in credited:
+                credited.add(inode)
                 found[inode].append(pid)
-                break
     return found

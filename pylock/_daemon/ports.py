@@ -1,10 +1,10 @@
 """Port locks: one host-wide lock per port and protocol, taken before binding.
 
 Ports belong to the host, so their locks live in one directory shared by
-every user (see dirs.port_dir).  When the bind fails while pylock's lock is
-held, the port is taken by a process outside pylock; it is named from the
-kernel's socket tables (/proc/net/{tcp,tcp6,udp,udp6}: the socket's inode
-and owner) and the processes' descriptors (/proc/PID/fd -> socket:[inode]).
+every user (see dirs.open_port_dir).  When the bind fails while pylock's
+lock is held, the port is taken by a socket outside pylock: PortInUse says
+what holds it (listening, connected from that local port, bound but not
+listening) and which process, from the kernel's tables (port_users).
 """
 
 from __future__ import annotations
@@ -13,51 +13,31 @@ import errno
 import os
 import socket
 import sys
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._core.errors import LockError
-from .._core.procfs import bound_sockets, cmdline, socket_pids
+from .._core.procfs import local_port_range
 from .._lock.lock import Lock
 from .._lock.lock_at import LockAt
 from .dirs import open_port_dir, port_dir
+from .port_users import PortUser, lists_bound_tcp, port_users
 
 PROTOCOLS = ("tcp", "udp")
+# What a PortInUse names; a busy server's accepted connections are counted.
+_NAMED = 4
 
-
-class Listener(NamedTuple):
-    """A socket bound to a port, as the kernel lists it."""
-
-    inode: int
-    uid: int
-    pids: tuple[int, ...]  # the processes with a descriptor on it that pylock may see
-
-    def describe(self) -> str:
-        user = user_name(self.uid)
-        if not self.pids:
-            return (
-                f"a process of user {user} (uid {self.uid}; pylock may not see its "
-                f"descriptors, socket inode {self.inode})"
-            )
-        return ", ".join(f"pid {pid} ({_program(pid)}, user {user})" for pid in self.pids)
+# Kept for code that imported it from here: a socket on a port, whatever its state.
+Listener = PortUser
 
 
 class PortInUse(LockError, OSError):
     """The port lock was free but the bind failed: a process outside pylock has the port."""
 
-    def __init__(self, port: int, protocol: str, listeners: list[Listener], cause: str) -> None:
+    def __init__(self, port: int, protocol: str, listeners: list[PortUser], cause: str) -> None:
         self.port = port
         self.protocol = protocol
-        self.listeners = listeners
-        who = (
-            "; ".join(listener.describe() for listener in listeners)
-            if listeners
-            else "a process pylock cannot see (another network namespace?)"
-        )
-        message = (
-            f"port {port}/{protocol} is in use ({cause}) by {who}, which does not take "
-            "pylock's port lock: stop it or choose another port"
-        )
-        OSError.__init__(self, errno.EADDRINUSE, message)
+        self.listeners = listeners  # every socket on the port, listeners first
+        OSError.__init__(self, errno.EADDRINUSE, _in_use_message(port, protocol, listeners, cause))
 
     def __str__(self) -> str:
         return str(self.strerror)
@@ -67,12 +47,50 @@ class PortInUse(LockError, OSError):
 
 
 def _rebuild_port_in_use(
-    port: int, protocol: str, listeners: list[Listener], message: str
+    port: int, protocol: str, listeners: list[PortUser], message: str
 ) -> PortInUse:
     error = PortInUse.__new__(PortInUse)
     OSError.__init__(error, errno.EADDRINUSE, message)
     error.port, error.protocol, error.listeners = port, protocol, listeners
     return error
+
+
+def _in_use_message(port: int, protocol: str, users: list[PortUser], cause: str) -> str:
+    head = f"port {port}/{protocol} is in use ({cause})"
+    if not users:
+        if not sys.platform.startswith("linux"):
+            return (
+                f"{head} by a process pylock cannot identify on this platform: "
+                "stop it or choose another port"
+            )
+        unseen = "a socket in another network namespace"
+        if protocol == "tcp" and not lists_bound_tcp():
+            unseen += (
+                ", or a TCP socket only bound (neither listening nor connected), "
+                "which Linux lists from 6.8 on"
+            )
+        return (
+            f"{head}, but this network namespace's socket tables show no socket on it "
+            f"({unseen}): stop it or choose another port"
+        )
+    listening = [user for user in users if user.kind == "listening"]
+    shown = listening or users[:_NAMED]
+    by_whom: dict[str, list[str]] = {}
+    for user in shown:
+        by_whom.setdefault(user.who(), []).append(user.what())
+    named = "; ".join(f"{who}: {', '.join(whats)}" for who, whats in by_whom.items())
+    if len(users) > len(shown):
+        more = len(users) - len(shown)
+        named += f" (and {more} more socket{'s' if more > 1 else ''} on the port)"
+    advice = "stop it or choose another port"
+    ephemeral = local_port_range()
+    outgoing = not listening and any(user.kind == "connected" for user in users)
+    if outgoing and ephemeral and port in ephemeral:
+        advice += (
+            f" (the kernel hands ports {ephemeral.start}-{ephemeral.stop - 1} to outgoing "
+            "connections: a server port outside net.ipv4.ip_local_port_range avoids this)"
+        )
+    return f"{head} by {named}, which does not take pylock's port lock: {advice}"
 
 
 def _check(port: int, protocol: str) -> None:
@@ -190,25 +208,8 @@ def _reuse_address(sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 
 
-def listeners(port: int, protocol: str = "tcp") -> list[Listener]:
-    """The sockets bound to port/protocol (TCP: listening) and the processes holding them."""
+def listeners(port: int, protocol: str = "tcp") -> list[PortUser]:
+    """Every socket whose local port is port/protocol (listening, bound,
+    connected), listeners first, with the processes holding them."""
     _check(port, protocol)
-    inodes = bound_sockets(port, protocol)
-    pids = socket_pids(set(inodes)) if inodes else {}
-    return [Listener(inode, uid, tuple(sorted(pids[inode]))) for inode, uid in inodes.items()]
-
-
-def user_name(uid: int) -> str:
-    import pwd  # POSIX only, and only needed to explain a failure
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def _program(pid: int) -> str:
-    """pid's command line, shortened to one readable line as holders are."""
-    from .._lock.holder import Holder  # dataclasses: only to explain a failure
-
-    return Holder(pid=pid, argv=cmdline(pid)).command() or "?"
+    return port_users(port, protocol)

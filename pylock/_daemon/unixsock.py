@@ -48,9 +48,9 @@ class Peer(NamedTuple):
     def describe(self) -> str:
         if self.pid <= 0:
             return "a live listener (its credentials are unavailable)"
-        from .ports import _program, user_name
+        from .port_users import program, user_name
 
-        return f"pid {self.pid} ({_program(self.pid)}, user {user_name(self.uid)})"
+        return f"pid {self.pid} ({program(self.pid)}, user {user_name(self.uid)})"
 
 
 class SocketInUse(LockError, OSError):

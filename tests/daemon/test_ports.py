@@ -15,6 +15,7 @@ import pytest
 
 import pylock
 from pylock._daemon.dirs import UnsafeDirectory
+from pylock._daemon.port_users import lists_bound_tcp
 from pylock._daemon.ports import listeners
 from tests.support import env_with_repo
 from tests.support.children import Forked
@@ -190,17 +191,138 @@ def test_bind_port_names_a_foreign_listener(port_dir, tmp_path, protocol, family
         foreign.wait()
 
 
-def test_listeners_ignores_a_connected_client_socket(port_dir):
+def test_listeners_names_the_listener_first_and_the_accepted_connections_after(port_dir):
     port = free_port()
     with socket.socket() as server:
         server.bind(("127.0.0.1", port))
         server.listen()
-        with socket.create_connection(("127.0.0.1", port)):
+        with socket.create_connection(("127.0.0.1", port)) as client:
             # The accepted connection has the port as its local port too.
             accepted, _ = server.accept()
             with accepted:
                 found = listeners(port)
-    assert len(found) == 1 and found[0].pids == (os.getpid(),)
+            client_port = client.getsockname()[1]
+    assert [(user.kind, user.pids) for user in found] == [
+        ("listening", (os.getpid(),)),
+        ("connected", (os.getpid(),)),
+    ]
+    assert found[0].local == f"127.0.0.1:{port}"
+    assert found[1].remote == f"127.0.0.1:{client_port}" and found[1].state == "ESTABLISHED"
+
+
+# A process holding port P in some other way than listening on it.
+HOLDS = textwrap.dedent(
+    """
+    import socket, sys
+    port, how = int(sys.argv[1]), sys.argv[2]
+    if how == "udp-connected":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", port))
+        s.connect(("127.0.0.1", 9))
+        print("holding", "127.0.0.1:9", flush=True)
+    elif how == "bound":
+        s = socket.socket()
+        s.bind(("127.0.0.1", port))
+        print("holding", "-", flush=True)
+    else:  # "connected": an outgoing connection whose local port is P
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        s = socket.socket()
+        s.bind(("127.0.0.1", port))
+        s.connect(server.getsockname())
+        print("holding", "127.0.0.1:%d" % server.getsockname()[1], flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def holding(tmp_path: Path, port: int, how: str) -> tuple[subprocess.Popen[str], str]:
+    script = tmp_path / "port_holder.py"
+    script.write_text(HOLDS)
+    proc = subprocess.Popen(
+        [sys.executable, script.name, str(port), how],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    word, peer = proc.stdout.readline().split()
+    assert word == "holding"
+    return proc, peer
+
+
+def release(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait()
+
+
+def test_bind_port_names_a_connection_whose_local_port_it_is(port_dir, tmp_path):
+    port = free_port()  # from the ephemeral range, as an outgoing connection's would be
+    proc, peer = holding(tmp_path, port, "connected")
+    try:
+        with pytest.raises(pylock.PortInUse) as caught:
+            pylock.bind_port(port)
+        error = caught.value
+        assert [(user.kind, user.pids) for user in error.listeners] == [("connected", (proc.pid,))]
+        assert f"pid {proc.pid} (" in str(error) and "port_holder.py" in str(error)
+        assert f"connected from 127.0.0.1:{port} to {peer} (ESTABLISHED)" in str(error)
+        assert "ip_local_port_range" in str(error)  # why a server port was taken
+        assert "cannot" not in str(error)
+    finally:
+        release(proc)
+
+
+@pytest.mark.skipif(
+    not lists_bound_tcp(), reason="Linux lists TCP sockets that are only bound from 6.8 on"
+)
+def test_bind_port_names_a_tcp_socket_bound_but_not_listening(port_dir, tmp_path):
+    port = free_port()
+    proc, _ = holding(tmp_path, port, "bound")
+    try:
+        with pytest.raises(pylock.PortInUse) as caught:
+            pylock.bind_port(port)
+        error = caught.value
+        assert [(user.kind, user.pids) for user in error.listeners] == [("bound", (proc.pid,))]
+        assert f"pid {proc.pid} (" in str(error)
+        assert f"bound to 127.0.0.1:{port}, neither listening nor connected" in str(error)
+    finally:
+        release(proc)
+
+
+def test_bind_port_names_a_connected_udp_socket(port_dir, tmp_path):
+    port = free_port(socket.SOCK_DGRAM)
+    proc, peer = holding(tmp_path, port, "udp-connected")
+    try:
+        with pytest.raises(pylock.PortInUse) as caught:
+            pylock.bind_port(port, protocol="udp")
+        assert f"pid {proc.pid} (" in str(caught.value)
+        assert f"connected from 127.0.0.1:{port} to {peer}" in str(caught.value)
+    finally:
+        release(proc)
+
+
+@pytest.mark.root  # a user who may not look at root's descriptors
+def test_another_users_connection_on_the_port_is_named_by_its_user(port_dir, tmp_path):
+    port = free_port()
+    proc, peer = holding(tmp_path, port, "connected")
+
+    def bind(chan: Forked.Chan) -> None:
+        try:
+            pylock.bind_port(port)
+        except pylock.PortInUse as exc:
+            chan.say(str(exc))
+
+    try:
+        other = Forked(bind, user=NOBODY)
+        message = other.line()
+        assert other.wait() == 0
+        assert "a process of user root (uid 0; pylock may not see its descriptors" in message
+        assert f"connected from 127.0.0.1:{port} to {peer}" in message
+    finally:
+        release(proc)
 
 
 @pytest.mark.parametrize("bad", [0, 65536, -1, "80", True])

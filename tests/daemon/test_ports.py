@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +23,7 @@ from pylock._daemon.ports import listeners
 from tests.support import env_with_repo
 from tests.support.children import Forked
 from tests.support.pause import call_of, paused_at
-from tests.support.procs import NOBODY
+from tests.support.procs import NOBODY, in_child
 
 
 @pytest.fixture
@@ -396,6 +399,15 @@ def swapped(parent: Path, elsewhere: Path, how: str) -> bool:
     return not ports.is_symlink() and ports.stat().st_uid == NOBODY[0]
 
 
+def as_victim(fn: Callable[[], Any]) -> Any:
+    """fn() in a forked child of this root process: a victim that never
+    finishes (a reopen loop) fails the test instead of stalling the suite."""
+    result = in_child(fn, timeout=30)
+    assert not result.get("hang"), "the victim never finished"
+    assert "value" in result, result
+    return result["value"]
+
+
 @pytest.mark.root  # another user swaps root's port directory
 @pytest.mark.parametrize("how", ["symlink", "directory"])
 def test_a_port_dir_swapped_between_its_check_and_the_open_never_gets_the_lock_file(
@@ -404,26 +416,33 @@ def test_a_port_dir_swapped_between_its_check_and_the_open_never_gets_the_lock_f
     parent, elsewhere = nobodys_parent
     port = free_port()
     attacker = swapper(parent, elsewhere, how)
+    lock_file = parent / "ports.checked" / f"tcp-{port}.lock"
 
     def move() -> None:
         attacker.tell("go")
         assert attacker.line() == "swapped"
 
-    try:
+    def victim() -> dict[str, Any]:
         # Paused after the directory was checked, just before the lock file is opened.
         with paused_at(call_of("pl_open", "pl_open_at"), move) as paused:
             lock = pylock.port_lock(port)
-        try:
-            assert paused, "the victim never reached the lock file's open"
-            assert swapped(parent, elsewhere, how)
-            assert list(elsewhere.iterdir()) == [], "root created its lock file elsewhere"
-            if how == "directory":
-                assert list((parent / "ports").iterdir()) == []
-            lock_file = parent / "ports.checked" / f"tcp-{port}.lock"
-            assert lock_file.stat().st_mode & 0o777 == 0o666
-            assert (lock_file.stat().st_dev, lock_file.stat().st_ino) == lock._key
-        finally:
-            lock.close()
+        st = lock_file.stat() if lock_file.exists() else None
+        return {
+            "paused": paused,
+            "swapped": swapped(parent, elsewhere, how),
+            "elsewhere": [p.name for p in elsewhere.iterdir()],
+            "in_new": [p.name for p in (parent / "ports").iterdir()] if how == "directory" else [],
+            "mode": st and stat.S_IMODE(st.st_mode),
+            "ours": st is not None and (st.st_dev, st.st_ino) == lock._key,
+        }
+
+    try:
+        seen = as_victim(victim)
+        assert seen["paused"], "the victim never reached the lock file's open"
+        assert seen["swapped"]  # the control: the other user's swap happened
+        assert seen["elsewhere"] == [], "root created its lock file elsewhere"
+        assert seen["in_new"] == [], "root created its lock file in the other user's directory"
+        assert seen["mode"] == 0o666 and seen["ours"]  # in the checked directory
     finally:
         attacker.close_input()
         assert attacker.wait() == 0
@@ -433,19 +452,27 @@ def test_a_port_dir_swapped_between_its_check_and_the_open_never_gets_the_lock_f
 def test_a_port_dir_swapped_between_two_acquisitions_never_gets_the_lock_file(nobodys_parent):
     parent, elsewhere = nobodys_parent
     port = free_port()
-    lock = pylock.port_lock(port)
     attacker = swapper(parent, elsewhere, "symlink")
-    try:
+
+    def victim() -> dict[str, Any]:
+        lock = pylock.port_lock(port)
         lock.release()
         attacker.tell("go")
         assert attacker.line() == "swapped"
-        assert swapped(parent, elsewhere, "symlink")
         # The check after locking looks the file up in the directory it was
         # opened in: still there, so nothing is reopened through the link.
         lock.acquire()
-        assert list(elsewhere.iterdir()) == [], "root reopened its lock file elsewhere"
-        assert lock.locked
+        return {
+            "swapped": swapped(parent, elsewhere, "symlink"),
+            "elsewhere": [p.name for p in elsewhere.iterdir()],
+            "locked": lock.locked,
+        }
+
+    try:
+        seen = as_victim(victim)
+        assert seen["swapped"]
+        assert seen["elsewhere"] == [], "root reopened its lock file elsewhere"
+        assert seen["locked"]
     finally:
-        lock.close()
         attacker.close_input()
         assert attacker.wait() == 0

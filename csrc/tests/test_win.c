@@ -1149,6 +1149,11 @@ static void test_open_at(void)
     path_in(sub, sizeof sub, "at-missing");
     CHECK_EQ(pl_open_dir(sub, &dh), ENOENT);
     CHECK_EQ(pl_open_dir(d, &dh), 0);
+    {
+        pl_file_info di; /* what LockAt compares before each open */
+        CHECK_EQ(pl_file_stat(dh, &di), 0);
+        CHECK(di.ino != 0);
+    }
     CHECK_EQ(pl_open_at(dh, "a\\b", PL_OPEN_CREATE, -1, &h, &created), EINVAL);
     CHECK_EQ(pl_open_at(dh, "a/b", PL_OPEN_CREATE, -1, &h, &created), EINVAL);
     CHECK_EQ(pl_open_at(dh, "a:stream", PL_OPEN_CREATE, -1, &h, &created), EINVAL);

@@ -217,8 +217,6 @@ def fd_path(fd: int) -> str | None:
 
 # -- sockets: /proc/net and the processes' descriptors ------------------------------
 
-_TCP_LISTEN = 10
-
 if TYPE_CHECKING:
 
     class NetSocket(NamedTuple):
@@ -292,16 +290,6 @@ def local_port_range() -> range | None:
     except ValueError:
         return None
     return range(low, high + 1)
-
-
-def bound_sockets(port: int, protocol: str) -> dict[int, int]:
-    """inode -> uid of every socket bound to port (TCP: listening) in this
-    network namespace, IPv4 and IPv6 (protocol "tcp" or "udp")."""
-    return {
-        row.inode: row.uid
-        for row in port_sockets(port, protocol)
-        if row.inode and (protocol != "tcp" or row.state == _TCP_LISTEN)
-    }
 
 
 def socket_pids(inodes: set[int]) -> dict[int, list[int]]:

@@ -127,14 +127,34 @@ def test_the_sockets_bound_to_a_port_and_who_holds_them(protocol: str) -> None:
     with socket.socket(socket.AF_INET, kind) as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        if protocol == "tcp":
-            # Bound but not listening: not a listener yet.
-            assert procfs.bound_sockets(port, protocol) == {}
-            sock.listen()
-        found = procfs.bound_sockets(port, protocol)
         inode = os.fstat(sock.fileno()).st_ino
-        assert found == {inode: os.geteuid()}
+        if protocol == "tcp":
+            # Bound but not listening: in none of the tables /proc shows.
+            assert procfs.port_sockets(port, protocol) == []
+            sock.listen()
+        (row,) = procfs.port_sockets(port, protocol)
+        assert (row.inode, row.uid, row.local) == (inode, os.geteuid(), f"127.0.0.1:{port}")
+        assert row.state == (10 if protocol == "tcp" else 7)  # TCP_LISTEN; UDP unconnected
         assert procfs.socket_pids({inode}) == {inode: [os.getpid()]}
+
+
+def test_a_ports_connections_and_their_holder() -> None:
+    with socket.socket(socket.AF_INET6) as server:
+        server.bind(("::1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with socket.create_connection(("::1", port)) as client:
+            accepted, _ = server.accept()
+            with accepted:
+                rows = procfs.port_sockets(port, "tcp")
+                inodes = {os.fstat(s.fileno()).st_ino for s in (server, accepted)}
+                # One process holding both: credited for each.
+                assert procfs.socket_pids(inodes) == {i: [os.getpid()] for i in inodes}
+            peer = f"[::1]:{client.getsockname()[1]}"
+    assert sorted((row.state, row.local, row.remote) for row in rows) == [
+        (1, f"[::1]:{port}", peer),  # ESTABLISHED, the accepted connection
+        (10, f"[::1]:{port}", "[::]:0"),  # LISTEN
+    ]
 
 
 def test_a_socket_held_by_a_child_names_the_child() -> None:
@@ -146,7 +166,7 @@ def test_a_socket_held_by_a_child_names_the_child() -> None:
     child = Child([sys.executable, "-c", code])
     try:
         port = int(child.expect())
-        (inode,) = procfs.bound_sockets(port, "tcp")
-        assert procfs.socket_pids({inode}) == {inode: [child.pid]}
+        (row,) = procfs.port_sockets(port, "tcp")
+        assert procfs.socket_pids({row.inode}) == {row.inode: [child.pid]}
     finally:
         child.close()

@@ -86,11 +86,14 @@ def unlock_descriptor(fd: int) -> None:
 
 
 def kernel_holders(fd: int) -> list[Holder]:
-    """The other processes the kernel shows holding a flock on fd's file (Linux fdinfo)."""
-    from .._lock.lookup import kernel_holders_of
+    """The other processes the kernel shows holding a flock on fd's file, one
+    per lock, as `pylock who` names them (/proc/locks, verified by fdinfo
+    where this user may look)."""
+    from .._core.procfs import lock_key
+    from .._lock.kernel_view import kernel_holders as holders_of_key
 
-    st = os.fstat(fd)
-    return [h for h in kernel_holders_of(st.st_dev, st.st_ino) if h.pid != os.getpid()]
+    key = lock_key(fd, os.fstat(fd))
+    return [h for h in holders_of_key(key, every=False) if h.pid != os.getpid()]
 
 
 def describe_descriptor(fd: int) -> str:

@@ -87,23 +87,11 @@ def main(argv: Sequence[str]) -> int:
 def who(path: str, every: bool = False) -> list[Any]:
     """The holders of the lock at path: [] when free.  Raises PathProblem."""
     from .._core.errors import NOT_REGULAR, LockFileError
-    from .._lock.lookup import find_holder, holders
+    from .._lock.lookup import lock_holders
 
     full = os.path.abspath(path)
-    parent = os.path.dirname(full)
-    if not os.path.isdir(parent):
-        raise PathProblem(f"{path}: no such directory {parent}")
     try:
-        first = find_holder(full)
-        if first is None:
-            return []
-        if every or first.shared:
-            seen = holders(full)
-            if every:
-                return seen or [first]
-            shared = [h for h in seen if h.shared]
-            return shared or [first]
-        return [first]
+        return lock_holders(full, every)
     except LockFileError as exc:
         if exc.code not in (errno.EISDIR, NOT_REGULAR):
             raise PathProblem(str(exc)) from None
@@ -113,17 +101,14 @@ def who(path: str, every: bool = False) -> list[Any]:
 
 
 def _kernel_only(path: str, every: bool) -> list[Any]:
-    """A directory or device: flock(1) writes no record, the kernel alone names holders."""
-    from .fdlock import kernel_holders, open_existing
+    """A directory, device or FIFO: flock(1) writes no record, the kernel
+    alone names holders.  Looked at, never opened (pylock._core.peek)."""
+    from .._core.peek import Peek
+    from .._lock.kernel_view import kernel_holders
 
     try:
-        fd = open_existing(path)
+        with Peek(path) as look:
+            key = look.key()
     except OSError as exc:
         raise PathProblem(f"cannot inspect {path}: {exc}") from None
-    try:
-        found = kernel_holders(fd)
-    finally:
-        os.close(fd)
-    if every or not found or found[0].shared:
-        return found
-    return found[:1]
+    return kernel_holders(key, every)

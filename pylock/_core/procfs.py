@@ -12,6 +12,14 @@ the owner of a process (or root) may read its fdinfo.  /proc/locks is
 readable by everyone and lists every lock, but its pid column names whoever
 took the lock, which goes wrong after fork: it answers "is anyone holding
 it" and names holders whose fdinfo this user may not read, never verified.
+
+Both tables name a file by its superblock's device and inode number, which
+is not always what stat says: a btrfs subvolume and an overlayfs layer have
+a device number of their own, and files in two subvolumes can share an inode
+number.  A LockKey is the tables' name for a file, found from the mount of
+a descriptor on it (fdinfo's mnt_id, /proc/self/mountinfo's device), and,
+where that name may also fit another file, the file's own (st_dev, st_ino),
+checked on the holder's descriptor itself (/proc/PID/fd/N).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ if TYPE_CHECKING:
         pid: int
         fd: int
         shared: bool
+        taker: int  # the pid the lock line names (who took it), 0 outside our namespace
 
     class TableLock(NamedTuple):
         """A line of /proc/locks: pid 0 when the taker is outside our pid namespace."""
@@ -41,9 +50,19 @@ if TYPE_CHECKING:
         pid: int
         shared: bool
 
+    class LockKey(NamedTuple):
+        """A file as the lock tables name it: its superblock's device and its
+        inode number, and exact, its own (st_dev, st_ino), when that name may
+        also fit another file (btrfs subvolumes, overlayfs layers)."""
+
+        dev: int
+        ino: int
+        exact: tuple[int, int] | None = None
+
 else:
-    FdLock = namedtuple("FdLock", "pid fd shared")
+    FdLock = namedtuple("FdLock", "pid fd shared taker")
     TableLock = namedtuple("TableLock", "pid shared")
+    LockKey = namedtuple("LockKey", "dev ino exact", defaults=(None,))
 
 _MAX_READ = 8192  # a status, cmdline or fdinfo file: what pylock reads of it at most
 
@@ -64,37 +83,74 @@ def _lock_key(dev: int, ino: int) -> str:
     return f" {os.major(dev):02x}:{os.minor(dev):02x}:{ino} "
 
 
-def _fd_locks(pid: int, fd_name: str, key: str) -> bool | None:
-    """True/False (shared or not) when this descriptor holds a flock on key."""
+def _fd_lock(
+    pid: int, fd_name: str, key: str, exact: tuple[int, int] | None
+) -> tuple[bool, int, bool] | None:
+    """(shared, taker, ours) when this descriptor holds a flock on a file the
+    tables name key; ours is False when that is another file of the same name
+    (exact differs).  None when it holds none, or has gone."""
     text = _read(f"{PROC}/{pid}/fdinfo/{fd_name}")
     if b"lock:" not in text:
         return None
     for line in text.decode("ascii", "replace").splitlines():
         if line.startswith("lock:") and "FLOCK" in line and key in line:
-            return " READ " in line
+            # "lock:\t1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF"
+            words = line.split()
+            try:
+                taker = max(int(words[5]), 0)
+            except (IndexError, ValueError):
+                taker = 0
+            ours = True
+            if exact is not None:
+                try:
+                    st = os.stat(f"{PROC}/{pid}/fd/{fd_name}")
+                except OSError:
+                    return None  # closed meanwhile
+                ours = (st.st_dev, st.st_ino) == exact
+            return " READ " in line, taker, ours
     return None
 
 
-def pid_lock_mode(pid: int, dev: int, ino: int) -> str | None:
-    """How pid holds a flock on (dev, ino): "exclusive", "shared" or "" (not
-    at all), as the kernel shows it; None when we may not look (another
-    user's process without ptrace rights) or it has gone.
-    """
+def pid_locks(
+    pid: int, dev: int, ino: int, exact: tuple[int, int] | None = None
+) -> tuple[str, bool] | None:
+    """How pid holds flocks named (dev, ino): (mode, elsewhere), mode
+    "exclusive", "shared" or "" for the file exact names (or the only one),
+    elsewhere True when it holds one on another file of that name.  None
+    when we may not look (another user's process without ptrace rights) or
+    it has gone."""
     key = _lock_key(dev, ino)
     try:
         fds = os.listdir(f"{PROC}/{pid}/fdinfo")
     except OSError:
         return None
-    modes = {_fd_locks(pid, fd, key) for fd in fds}
-    if False in modes:
-        return "exclusive"
-    return "shared" if True in modes else ""
+    modes = set()
+    elsewhere = False
+    for fd in fds:
+        found = _fd_lock(pid, fd, key, exact)
+        if found is not None:
+            if found[2]:
+                modes.add(found[0])
+            else:
+                elsewhere = True
+    mode = "exclusive" if False in modes else "shared" if True in modes else ""
+    return mode, elsewhere
 
 
-def pid_holds(pid: int, dev: int, ino: int) -> bool | None:
-    """Whether pid has a descriptor that owns a flock on (dev, ino); None
-    when we may not look."""
-    mode = pid_lock_mode(pid, dev, ino)
+def pid_lock_mode(pid: int, dev: int, ino: int, exact: tuple[int, int] | None = None) -> str | None:
+    """How pid holds a flock on the file (dev, ino) names (exact: which one):
+    "exclusive", "shared" or "" (not at all), as the kernel shows it; None
+    when we may not look (another user's process without ptrace rights) or
+    it has gone.
+    """
+    found = pid_locks(pid, dev, ino, exact)
+    return None if found is None else found[0]
+
+
+def pid_holds(pid: int, dev: int, ino: int, exact: tuple[int, int] | None = None) -> bool | None:
+    """Whether pid has a descriptor that owns a flock on the file (dev, ino)
+    names; None when we may not look."""
+    mode = pid_lock_mode(pid, dev, ino, exact)
     return None if mode is None else mode != ""
 
 
@@ -105,8 +161,10 @@ def _pids() -> list[int]:
         return []
 
 
-def holders_of(dev: int, ino: int) -> Iterator[FdLock]:
-    """Every (pid, fd) whose open file description owns a flock on (dev, ino)."""
+def holders_of(dev: int, ino: int, exact: tuple[int, int] | None = None) -> Iterator[FdLock]:
+    """Every (pid, fd) whose open file description owns a flock on the file
+    (dev, ino) names (exact: which one), with the pid the lock line names as
+    its taker."""
     key = _lock_key(dev, ino)
     for pid in _pids():
         try:
@@ -114,9 +172,9 @@ def holders_of(dev: int, ino: int) -> Iterator[FdLock]:
         except OSError:
             continue
         for fd in fds:
-            shared = _fd_locks(pid, fd, key)
-            if shared is not None:
-                yield FdLock(pid, int(fd), shared)
+            found = _fd_lock(pid, fd, key, exact)
+            if found is not None and found[2]:
+                yield FdLock(pid, int(fd), found[0], found[1])
 
 
 def proc_locks(dev: int, ino: int) -> list[TableLock] | None:
@@ -140,6 +198,39 @@ def proc_locks(dev: int, ino: int) -> list[TableLock] | None:
             continue
         found.append(TableLock(max(pid, 0), words[3] == b"READ"))
     return found
+
+
+def mount_device(mount_id: int) -> int | None:
+    """The device of the superblock mounted as mount_id in this process's
+    mount namespace (/proc/self/mountinfo), as the lock tables print it."""
+    prefix = b"%d " % mount_id
+    try:
+        with open(f"{PROC}/self/mountinfo", "rb") as f:
+            for line in f:
+                if line.startswith(prefix):
+                    major, _, minor = line.split()[2].partition(b":")
+                    return os.makedev(int(major), int(minor))
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def lock_key(fd: int, st: os.stat_result) -> LockKey:
+    """The lock tables' name for the file this process's descriptor fd (any
+    kind, O_PATH too) is on; st is fd's fstat."""
+    mount_id = ino = None
+    for line in _read(f"{PROC}/self/fdinfo/{fd}").splitlines():
+        try:
+            if line.startswith(b"mnt_id:"):
+                mount_id = int(line.split()[1])
+            elif line.startswith(b"ino:"):
+                ino = int(line.split()[1])
+        except (IndexError, ValueError):
+            continue
+    dev = None if mount_id is None else mount_device(mount_id)
+    named = (st.st_dev if dev is None else dev, st.st_ino if ino is None else ino)
+    own = (st.st_dev, st.st_ino)
+    return LockKey(named[0], named[1], None if named == own else own)
 
 
 # -- a process: command line and status ------------------------------------------

@@ -98,9 +98,10 @@ def _refuse(path: str, holder: Holder | None, why: str) -> TakeoverRefused:
     )
 
 
-def _verified_holder(path: str) -> tuple[Holder, tuple[int, int]] | None:
+def _verified_holder(path: str) -> tuple[Holder, _procfs.LockKey] | None:
     """The holder the record names and the kernel confirms, and the lock
-    file's (dev, ino); None when the file went away. Refuses otherwise."""
+    file's name in the kernel's lock tables; None when the file went away.
+    Refuses otherwise."""
     if not sys.platform.startswith("linux"):
         raise _refuse(
             path,
@@ -125,7 +126,7 @@ def _verified_holder(path: str) -> tuple[Holder, tuple[int, int]] | None:
                 f"{why}. Only a holder whose record the kernel confirms is signalled; "
                 "stop the holder yourself",
             )
-        return holder, (look.dev, look.ino)
+        return holder, look.key
     finally:
         look.close()
 

@@ -14,25 +14,15 @@ from typing import Any
 
 from .._core import fs as _fs
 from .._core import procfs as _procfs
-from .._core.errors import PSEUDO_FS, LockFileError, advice_for
+from .._core.errors import NOT_REGULAR, PSEUDO_FS, SYMLINK, LockFileError, advice_for
 from .._core.native import check, ffi, lib, open_lock_file
+from .._core.peek import Peek
 from .._core.process import ProcessIdentity, identity_of, same_process
 from . import record as _record
 from .holder import Holder, described_by_kernel, from_record
+from .kernel_view import KernelView
 
 _LINUX = sys.platform.startswith("linux")
-
-
-def kernel_holders_of(dev: int, ino: int) -> list[Holder]:
-    """Every process whose descriptor holds a flock on (dev, ino) (Linux
-    fdinfo), verified and described by the kernel alone: for files that hold
-    no record (directories, devices, other programs' files)."""
-    found = []
-    for lock in _procfs.holders_of(dev, ino):
-        ident = identity_of(lock.pid)
-        if ident is not None:  # None: exited meanwhile
-            found.append(described_by_kernel(lock.pid, ident, lock.shared))
-    return found
 
 
 def held_by_probe(handle: int) -> bool:
@@ -61,12 +51,20 @@ def _same_holder(seen: ProcessIdentity, recorded: ProcessIdentity) -> bool:
 
 class Inspection:
     """One look at a lock file: its identity, owner and mode, and its record
-    when readable (read only when a holder needs it).  close() when done."""
+    when readable (read only when a holder needs it).  close() when done.
+
+    On Linux the name is looked at with O_PATH (pylock._core.peek): nothing
+    but a regular file is ever opened, so looking never releases a writer
+    blocked on a FIFO or opens a device, even one swapped in meanwhile.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._record: dict[str, Any] | None = None
         self._unread = False  # the record is read only when a holder needs it
+        if _LINUX:
+            self._look_linux(path)
+            return
         try:
             handle = open_lock_file(path, lib.PL_OPEN_READONLY)
         except OSError as exc:
@@ -80,12 +78,13 @@ class Inspection:
                 raise exc from None
             if not stat.S_ISREG(st.st_mode):
                 raise
-            self.dev, self.ino, self.uid, self.mode = st.st_dev, st.st_ino, st.st_uid, st.st_mode
+            self.key = _procfs.LockKey(st.st_dev, st.st_ino)
+            self.uid, self.mode = st.st_uid, st.st_mode
             return
         try:
             info = ffi.new("pl_file_info *")
             check(lib.pl_file_stat(handle, info), path)
-            self.dev, self.ino = info.dev, info.ino
+            self.key = _procfs.LockKey(info.dev, info.ino)
             _refuse_pseudo_filesystem(handle, path)
             owner = os.fstat(handle) if os.name != "nt" else None
             self.uid = owner.st_uid if owner else -1
@@ -96,10 +95,37 @@ class Inspection:
         self._handle = handle
         self._unread = True
 
+    def _look_linux(self, path: str) -> None:
+        with Peek(path) as look:
+            _refuse_kind(look.st.st_mode, path)
+            _refuse_pseudo_filesystem(look.fd, path)
+            self.key = look.key()
+            self.uid, self.mode = look.st.st_uid, look.st.st_mode
+            try:
+                self._handle = look.open_to_read()
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EPERM):
+                    raise
+                # The kernel's lock table needs only the device and inode: a
+                # file this user may not read still has a holder pylock can name.
+                return
+            self._unread = True
+
+    @property
+    def dev(self) -> int:
+        return int(self.key.dev)
+
+    @property
+    def ino(self) -> int:
+        return int(self.key.ino)
+
     def close(self) -> None:
         if self._unread:
             self._unread = False
-            lib.pl_close(self._handle)
+            if _LINUX:
+                os.close(self._handle)
+            else:
+                lib.pl_close(self._handle)
 
     @property
     def record(self) -> dict[str, Any] | None:
@@ -129,66 +155,11 @@ class Inspection:
         private = rec is not None and self.private_to(pid)
         return described_by_kernel(pid, ident, shared, verified, note, rec, private)
 
-    # -- Linux: fdinfo, then /proc/locks for what fdinfo may not show ------------
-
     def linux_holders(self, every: bool) -> tuple[list[Holder], bool | None]:
         """The holders the kernel shows, verified first, and whether
-        /proc/locks lists the lock (None: unreadable).
-
-        /proc/locks answers "is it held" and names each lock's taker; the
-        taker's own fdinfo verifies it.  Only every=True, a taker that no
-        longer holds it (an inherited descriptor) or an unreadable table
-        need the scan of every process's fdinfo.
-        """
-        table = _procfs.proc_locks(self.dev, self.ino)
-        if table is not None and not table:
-            return [], False  # the kernel lists no lock on this file
-        if table and not every:
-            direct = [h for h in map(self._taker, table) if h is not None]
-            if direct:
-                return direct, True
-        found: list[Holder] = []
-        for lock in _procfs.holders_of(self.dev, self.ino):
-            ident = identity_of(lock.pid)
-            if ident is not None:
-                found.append(self.kernel_holder(lock.pid, ident, lock.shared, True))
-        if table is None:
-            return found, None
-        seen = {h.pid for h in found}
-        for entry in table:
-            if entry.pid not in seen:
-                seen.add(entry.pid)
-                holder = self._taker(entry)
-                if holder is not None and not holder.verified:
-                    found.append(holder)
-        if not found:
-            # Listed, yet no process shows it: an inherited descriptor in a
-            # process this user cannot see, or a taker in another namespace.
-            found.append(Holder(pid=0, note=self._unknown_note(table[0].pid)))
-        return found, True
-
-    def _taker(self, entry: _procfs.TableLock) -> Holder | None:
-        """The process /proc/locks names, if it still holds the lock: verified
-        when its fdinfo shows it, unverified when we may not look."""
-        if entry.pid <= 0:
-            return None
-        ident = identity_of(entry.pid)
-        mode = _procfs.pid_lock_mode(entry.pid, self.dev, self.ino)
-        if ident is None or mode == "":
-            # Gone, or not holding: its descriptor lives on in another process.
-            return None
-        if mode is not None:
-            return self.kernel_holder(entry.pid, ident, mode == "shared", True)
-        note = (
-            f"unverified: the kernel's lock table names pid {entry.pid}, but pylock "
-            "may not inspect that process's descriptors"
-        )
-        return self.kernel_holder(entry.pid, ident, entry.shared, False, note)
-
-    def _unknown_note(self, pid: int) -> str:
-        if pid <= 0:
-            return "held by a process outside this pid namespace"
-        return f"the kernel's lock table names pid {pid}, which no longer holds it itself"
+        /proc/locks lists the lock (None: unreadable): KernelView.holders,
+        each holder with what the record says of it."""
+        return KernelView(self.key, self.kernel_holder).holders(every)
 
     # -- elsewhere: the record, checked against the live process -----------------
 
@@ -209,7 +180,7 @@ class Inspection:
             return None, f"the record names pid {recorded.pid}, which {why}"
         if not _LINUX:
             return from_record(rec), ""
-        mode = _procfs.pid_lock_mode(recorded.pid, self.dev, self.ino)
+        mode = _procfs.pid_lock_mode(recorded.pid, *self.key)
         if mode is None:
             note = "unverified: pylock may not inspect that process's descriptors"
             return self.kernel_holder(recorded.pid, now, False, False, note), ""
@@ -225,6 +196,13 @@ class Inspection:
     def held_by_probe(self) -> bool:
         """held_by_probe() on a descriptor of its own (False when the file went away)."""
         try:
+            if _LINUX:
+                with Peek(self.path) as look:
+                    fd = look.open_to_read()
+                try:
+                    return held_by_probe(fd)
+                finally:
+                    os.close(fd)
             handle = open_lock_file(self.path, lib.PL_OPEN_READONLY)
         except OSError:
             return False
@@ -232,6 +210,17 @@ class Inspection:
             return held_by_probe(handle)
         finally:
             lib.pl_close(handle)
+
+
+def _refuse_kind(mode: int, path: str) -> None:
+    """The LockFileError pl_open gives for what is not a regular file."""
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISLNK(mode):
+        raise LockFileError(SYMLINK, path, advice_for(SYMLINK))
+    if stat.S_ISDIR(mode):
+        raise LockFileError(errno.EISDIR, path, advice_for(errno.EISDIR))
+    raise LockFileError(NOT_REGULAR, path, advice_for(NOT_REGULAR))
 
 
 def _refuse_pseudo_filesystem(handle: int, path: str) -> None:
@@ -258,29 +247,44 @@ def inspect(path: str) -> Inspection | None:
         return None
 
 
+def _preferred(holder: Holder) -> tuple[bool, bool, bool]:
+    """The exclusive holder the record describes first, then any verified one."""
+    return (not holder.verified, holder.shared, holder.info is None)
+
+
+def lock_holders(path: str, every: bool = False, known_held: bool = False) -> list[Holder]:
+    """Who holds the lock at path, best first: [] when free.
+
+    every=False: one holder per lock (the exclusive holder, or each shared
+    one); every=True: also each process sharing a holder's descriptor.  On
+    Linux the kernel's tables answer, and nothing is locked to ask.
+    """
+    look = inspect(path)
+    if look is None:
+        return []
+    try:
+        if _LINUX:
+            found, listed = look.linux_holders(every)
+            if found:
+                return sorted(found, key=_preferred)
+            if listed is None and (known_held or look.held_by_probe()):
+                return [Holder(pid=0, note="/proc/locks is unreadable")]
+            return []
+        holder, note = look.recorded_holder()
+        if not known_held and not look.held_by_probe():
+            return []
+        return [holder if holder is not None else Holder(pid=0, note=note or "no record")]
+    finally:
+        look.close()
+
+
 def find_holder(path: str, known_held: bool = False) -> Holder | None:
     """The holder of the lock at path, or None when nobody holds it.
 
     On Linux the kernel's tables answer, and nothing is locked to ask.
     """
-    look = inspect(path)
-    if look is None:
-        return None
-    try:
-        if _LINUX:
-            found, listed = look.linux_holders(every=False)
-            if found:
-                # The exclusive holder the record describes, else any exclusive one.
-                return min(found, key=lambda h: (not h.verified, h.shared, h.info is None))
-            if listed is None and (known_held or look.held_by_probe()):
-                return Holder(pid=0, note="/proc/locks is unreadable")
-            return None
-        holder, note = look.recorded_holder()
-        if not known_held and not look.held_by_probe():
-            return None
-        return holder if holder is not None else Holder(pid=0, note=note or "no record")
-    finally:
-        look.close()
+    found = lock_holders(path, known_held=known_held)
+    return found[0] if found else None
 
 
 def holders(path: str) -> list[Holder]:

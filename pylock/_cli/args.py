@@ -199,13 +199,32 @@ def descriptor(text: str) -> int:
 
 
 def json_object(text: str) -> dict[str, Any]:
-    """A JSON object given on the command line (loaded only when used)."""
+    """A JSON object given on the command line (loaded only when used), that
+    a holder record can carry: no NaN or infinity (1e999 is one), at most
+    16 KiB, as pylock.Lock(info=...) checks it."""
     import json
 
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not a JSON number pylock records")
+
+    def finite(number: str) -> float:
+        value = float(number)
+        if value in (float("inf"), float("-inf")):
+            raise ValueError(f"{number} is too large for a JSON number (it would be infinity)")
+        return value
+
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=refuse, parse_float=finite)
+    except RecursionError:
+        raise UsageError("--info nests too deeply to be recorded") from None
     except ValueError as exc:
-        raise UsageError(f"not JSON: {exc}") from None
+        raise UsageError(f"--info is not JSON pylock can record: {exc}") from None
     if not isinstance(value, dict):
         raise UsageError(f"--info needs a JSON object, not {type(value).__name__}")
+    from .._lock.record import check_info
+
+    try:
+        check_info(value)
+    except ValueError as exc:
+        raise UsageError(f"--info: {exc}") from None
     return value

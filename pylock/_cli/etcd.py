@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+from .._core.display import display
 from .._core.errors import LockError
 from .._lock.errors import LockHeld
 from .args import UsageError
@@ -99,9 +100,9 @@ def main_who(endpoints: str, names: Sequence[str], *, as_json: bool) -> int:
     else:
         for path, _, holder in reports:
             if holder is None:
-                print(f"{path}: free")
+                print(f"{display(path)}: free")
                 continue
-            print(f"{path}: held by {holder.describe()}")
+            print(f"{display(path)}: held by {holder.describe()}")
             if holder.info:
                 print(f"  info: {json.dumps(holder.info)}")
     return 0 if all(holder is not None for _, _, holder in reports) else 1

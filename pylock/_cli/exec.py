@@ -69,7 +69,9 @@ def _exec(command: list[str]) -> NoReturn:
         os.execvp(command[0], command)
     except OSError as exc:
         code = exc.errno
-        message = f"pylock: failed to execute {command[0]}: {exc.strerror}\n"
+        from .._core.display import display
+
+        message = f"pylock: failed to execute {display(command[0])}: {exc.strerror}\n"
     try:  # noqa: SIM105 (contextlib costs start-up time)
         os.write(2, message.encode(errors="replace"))
     except OSError:

@@ -24,6 +24,21 @@ class Exit(Exception):
 
 
 def say(text: str) -> None:
-    """One line on stderr, "pylock: " first."""
-    sys.stderr.write(f"pylock: {text}\n")
+    """One line on stderr, "pylock: " first, every control character in it
+    escaped (a path or a name from a shared directory cannot drive the
+    terminal, or start a line of its own)."""
+    from .._core.display import display
+
+    sys.stderr.write(f"pylock: {display(text)}\n")
     sys.stderr.flush()
+
+
+def path_problem(path: str, exc: OSError) -> str:
+    """Why path cannot be used, in the words of pylock.LockFileError (no
+    "[Errno N]"): one wording in every command."""
+    from .._core.errors import LockFileError, advice_for
+
+    if isinstance(exc, LockFileError):
+        return str(exc)
+    code = exc.errno or 0
+    return str(LockFileError(code, path, advice_for(code, path)))

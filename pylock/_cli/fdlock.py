@@ -98,7 +98,8 @@ def kernel_holders(fd: int) -> list[Holder]:
 
 def describe_descriptor(fd: int) -> str:
     """What fd names, for messages: its path when /proc shows it."""
+    from .._core.display import display
     from .._core.procfs import fd_path
 
     path = fd_path(fd)
-    return f"descriptor {fd}" if path is None else f"descriptor {fd} ({path})"
+    return f"descriptor {fd}" if path is None else f"descriptor {fd} ({display(path)})"

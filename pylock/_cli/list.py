@@ -11,13 +11,12 @@ after locking, are never split across two files.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import sys
 
+from .._core.display import display, json_text, json_texts, stamp
 from .args import HELP, Option, UsageError, parse
-from .exits import EX_NOINPUT
+from .exits import EX_NOINPUT, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,8 +55,9 @@ Options:
 class Entry:
     """One lock file as seen now."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, identity: tuple[int, int] = (0, 0)) -> None:
         self.path = path
+        self.identity = identity  # (st_dev, st_ino) of the file looked at
         self.holders: list[Any] = []
         self.record: dict[str, Any] | None = None
         self.record_alive: bool | None = None
@@ -85,16 +85,37 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError("needs exactly one DIR")
     directory = os.path.abspath(rest[0])
     try:
-        names = sorted(os.listdir(directory))
+        # Opened once: every name is looked at, locked and removed relative
+        # to this descriptor, so a directory on the path swapped afterwards
+        # (by someone who owns a parent) cannot send --clean elsewhere.
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        sys.stderr.write(f"pylock: cannot list {directory}: {exc.strerror}\n")
+        say(f"cannot list {display(directory)}: {exc.strerror}")
         return EX_NOINPUT
-    entries = [e for e in (inspect(os.path.join(directory, n)) for n in names) if e is not None]
+    try:
+        status = _list(directory, dir_fd, opts)
+    finally:
+        os.close(dir_fd)
+    return status
+
+
+def _list(directory: str, dir_fd: int, opts: dict[str, Any]) -> int:
+    try:
+        names = sorted(os.listdir(dir_fd))
+    except OSError as exc:
+        say(f"cannot list {display(directory)}: {exc.strerror}")
+        return EX_NOINPUT
+    found = (inspect(os.path.join(directory, n), dir_fd) for n in names)
+    entries = [e for e in found if e is not None]
     if opts["stale"] or opts["clean"]:
         entries = [e for e in entries if e.stale]
+    status = 0
     if opts["clean"]:
         for entry in entries:
-            clean(entry)
+            clean(entry, dir_fd)
+            if entry.error:
+                say(f"{display(entry.path)}: {entry.error}")
+                status = 1
     if opts["json"]:
         import json
 
@@ -102,135 +123,182 @@ def main(argv: Sequence[str]) -> int:
     else:
         for entry in entries:
             sys.stdout.write(describe(entry) + "\n")
-    return 0
+    return status
 
 
-def inspect(path: str) -> Entry | None:
-    """The lock file at path, or None when it is not one."""
-    from .._core.process import identity_of, same_process
+def inspect(path: str, dir_fd: int | None = None) -> Entry | None:
+    """The lock file at path (its name relative to dir_fd when given), or
+    None when it is not one.  Only a regular file is ever opened: a FIFO or
+    a device is looked at, never opened (pylock._core.peek)."""
+    from .._core.peek import Peek
     from .._core.procfs import proc_locks
     from .._lock.lookup import held_by_probe
-    from .._lock.record import MAX_RECORD, identity
+    from .._lock.record import MAX_RECORD
+
+    try:
+        look = Peek(os.path.basename(path) if dir_fd is not None else path, dir_fd)
+    except OSError:
+        return None  # gone
+    try:
+        if not look.regular:
+            return None  # a symlink, a directory, a FIFO, a device: never a lock file here
+        key = look.key()
+        table = proc_locks(key.dev, key.ino)
+        try:
+            fd = look.open_to_read()
+        except OSError:
+            return None  # unreadable, or replaced meanwhile
+        try:
+            head = os.pread(fd, MAX_RECORD, 0)
+            # No lock table: a shared probe, given back at once.
+            held = held_by_probe(fd) if table is None else bool(table)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+    finally:
+        look.close()
+    entry = Entry(path, (look.st.st_dev, look.st.st_ino))
+    return _fill(entry, head, held)
+
+
+def _fill(entry: Entry, head: bytes, held: bool) -> Entry | None:
+    """entry with its record and holders, or None when it is someone's data."""
     from .._lock.record import parse as parse_record
 
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return None  # a symlink, unreadable, or gone
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        head = os.pread(fd, MAX_RECORD, 0)
-        table = proc_locks(st.st_dev, st.st_ino)
-        # No lock table: a shared probe, given back at once.
-        held = held_by_probe(fd) if table is None else bool(table)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    entry = Entry(path)
-    entry.record = parse_record(head)
-    if entry.record is None and not held and head:
-        return None  # someone's data, not a lock file
     if held:
         from .who import PathProblem, who
 
         try:  # as `pylock who` names them: the holder, or every shared one
-            entry.holders = who(path)
+            entry.holders = who(entry.path)
         except PathProblem:
             return None
-    rec = entry.record
-    if rec is not None:
-        recorded = identity(rec)
-        now = identity_of(recorded.pid)
-        entry.record_alive = now is not None and same_process(now, recorded)
+    entry.record = parse_record(head)
+    if entry.record is None and not entry.held and head:
+        return None  # someone's data, not a lock file
+    entry.record_alive = _alive(entry.record)
     return entry
 
 
-def clean(entry: Entry) -> None:
-    """Remove a stale lock file under its lock; leave it if anything changed."""
-    from .._core.errors import LockError
-    from .._lock.lock import Lock
+def _alive(rec: dict[str, Any] | None) -> bool | None:
+    """Whether the process the record names still runs (None: no record)."""
+    if rec is None:
+        return None
+    from .._core.process import identity_of, same_process
+    from .._lock.record import identity
 
-    lock = Lock(entry.path)
+    recorded = identity(rec)
+    now = identity_of(recorded.pid)
+    return now is not None and same_process(now, recorded)
+
+
+def clean(entry: Entry, dir_fd: int | None = None) -> None:
+    """Remove a stale lock file under its lock; leave it if anything changed.
+
+    The file is locked (without waiting) through a descriptor of its own,
+    checked again under the lock (still the file looked at, still stale,
+    still at its name), unlinked while locked, then closed: pylock waiters
+    re-check the path after locking, so none is left on the removed file.
+    Nothing is written to the file; a file this user may not remove is
+    reported in entry.error and left as it is.
+    """
+    from .._core.peek import Peek
+    from .fdlock import Conflict, lock_descriptor
+
+    name = os.path.basename(entry.path) if dir_fd is not None else entry.path
     try:
-        lock.acquire(blocking=False)
-    except LockError as exc:
-        entry.error = f"not removed: {exc}"
-        lock.close()
-        return
+        with Peek(name, dir_fd) as look:
+            fd = look.open_to_read()
+    except OSError:
+        return  # gone or replaced: nothing of the stale file is left to remove
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != entry.identity:
+            return  # another file at that name now
+        try:
+            lock_descriptor(fd, False, False, None)
+        except Conflict:
+            return  # held again: not stale any more
+        entry.removed = _unlink_if_still_stale(entry, name, dir_fd, fd)
     except OSError as exc:
         entry.error = f"not removed: {exc.strerror}"
-        lock.close()
-        return
-    try:
-        # Held by us now: nobody else holds it.  The record we just wrote
-        # replaced the stale one, which is why the check came first.
-        locked = os.fstat(lock.fileno())
-        lock.release(unlink=True)
-        entry.removed = not _same_file(entry.path, locked)
     finally:
-        lock.close()
+        os.close(fd)  # closing it unlocks
 
 
-def _same_file(path: str, locked: os.stat_result) -> bool:
-    """Whether path still names the file that was locked (True when unsure)."""
+def _unlink_if_still_stale(entry: Entry, name: str, dir_fd: int | None, fd: int) -> bool:
+    """Under the lock: unlink the file if it is still stale and still at its name."""
+    from .._lock.record import MAX_RECORD
+    from .._lock.record import parse as parse_record
+
+    rec = parse_record(os.pread(fd, MAX_RECORD, 0))
+    if rec is None or _alive(rec) is not False:
+        return False  # taken and released since the look: its holder lives
+    if not _same_file(name, dir_fd, os.fstat(fd)):
+        return False
+    os.unlink(name, dir_fd=dir_fd)
+    return True
+
+
+def _same_file(name: str, dir_fd: int | None, locked: os.stat_result) -> bool:
+    """Whether name still names the file that was locked."""
     try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return exc.errno != errno.ENOENT
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
     return (st.st_dev, st.st_ino) == (locked.st_dev, locked.st_ino)
 
 
 def as_json(entry: Entry) -> dict[str, Any]:
-    from .report import holder_json
+    """One lock file as JSON: the path, its holders as `pylock who --json`
+    writes them, the record's last holder with the same field names (null
+    where the record does not say), and error (null when none)."""
+    from .report import holder_json, path_json
 
     record = None
-    if entry.record is not None:
-        record = {
-            "pid": entry.record.get("pid"),
-            "program": entry.record.get("program"),
-            "host": entry.record.get("host"),
-            "acquired_at": _iso(entry.record.get("acquired_at")),
-            "alive": entry.record_alive,
-        }
-    result: dict[str, Any] = {
-        "path": entry.path,
-        "held": entry.held,
-        "holders": [holder_json(h) for h in entry.holders],
-        "record": record,
-        "stale": entry.stale,
-        "removed": entry.removed,
-    }
-    if entry.error:
-        result["error"] = entry.error
+    rec = entry.record
+    if rec is not None:
+        record = {"pid": rec.get("pid")}
+        json_text(record, "program", rec.get("program"))
+        json_texts(record, "argv", rec.get("argv"))
+        json_text(record, "hostname", rec.get("host"))
+        at = rec.get("acquired_at")
+        record.update(
+            acquired_at=None if at is None else stamp(at),
+            start_time=rec.get("start_time") or None,
+            boot_id=rec.get("boot_id") or None,
+            pidfs_ino=rec.get("pidfs_ino") or None,
+            alive=entry.record_alive,
+        )
+    result = path_json(entry.path)
+    result.update(
+        held=entry.held,
+        holders=[holder_json(h) for h in entry.holders],
+        record=record,
+        stale=entry.stale,
+        removed=entry.removed,
+        error=entry.error or None,
+    )
     return result
 
 
 def describe(entry: Entry) -> str:
+    """One lock file in one line (its holders' lines when held), every
+    string escaped."""
     from .report import describe as describe_holders
 
     if entry.held:
         return describe_holders(entry.path, entry.holders).rstrip("\n")
-    text = f"{entry.path}: free"
+    text = f"{display(entry.path)}: free"
     rec = entry.record
     if rec is not None:
         gone = "gone" if entry.record_alive is False else "still running"
-        since = _iso(rec.get("acquired_at"))
-        when = f" since {since}" if since else ""
-        text += f" (last held by pid {rec.get('pid')} ({rec.get('program', '')}){when}, {gone})"
+        at = rec.get("acquired_at")
+        when = "" if at is None else f" since {stamp(at)}"
+        program = display(rec.get("program", ""))
+        text += f" (last held by pid {rec.get('pid')} ({program}){when}, {gone})"
     if entry.removed:
         text += ": removed"
     elif entry.error:
-        text += f": {entry.error}"
+        text += f": {display(entry.error)}"
     return text
-
-
-def _iso(stamp: Any) -> str | None:
-    if not isinstance(stamp, (int, float)):
-        return None
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(stamp, dt.timezone.utc).isoformat()

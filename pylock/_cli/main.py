@@ -101,8 +101,10 @@ def print_version() -> None:
 
 
 def _stderr(line: str) -> None:
-    try:
-        sys.stderr.write(line + "\n")
+    from .._core.display import display
+
+    try:  # escaped: a usage error quotes the words it was given
+        sys.stderr.write(display(line) + "\n")
         sys.stderr.flush()
     except OSError:
         pass

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from .._core.display import display, json_text, json_texts, stamp
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -13,31 +15,46 @@ if TYPE_CHECKING:
 
 
 def holder_json(holder: Holder) -> dict[str, Any]:
-    """The holder as one JSON object (`pylock who --json`, `pylock list --json`).
+    """The holder as one JSON object, the same in every command (`pylock who
+    --json`, `pylock list --json`, `pylock who --etcd --json`).
 
-    An etcd lock's holder (pylock.etcd.EtcdHolder, recognised by its lease so
-    that gRPC is not loaded to ask) adds its lease, TTL, fencing token and key.
+    Every field is always there; one pylock does not know is null (pid of a
+    holder it cannot identify, a command line, a start identity, since when).
+    Strings are exact; one that is not UTF-8 has its bytes beside it
+    (NAME_base64, pylock._core.display.json_text).  An etcd lock's holder
+    (pylock.etcd.EtcdHolder, recognised by its lease so that gRPC is not
+    loaded to ask) adds its lease, TTL, fencing token and key.
     """
-    doc: dict[str, Any] = {
-        "pid": holder.pid,
-        "program": holder.program,
-        "argv": list(holder.argv),
-        "hostname": holder.hostname,
-        "acquired_at": holder.acquired_at.isoformat() if holder.acquired_at else None,
-        "held_for": _held_seconds(holder),
-        "info": holder.info,
-        "verified": holder.verified,
-        "shared": holder.shared,
-        "start_time": holder.start_time,
-        "boot_id": holder.boot_id,
-        "note": holder.note,
-    }
+    doc: dict[str, Any] = {"pid": holder.pid if holder.pid > 0 else None}
+    json_text(doc, "program", holder.program or None)
+    json_texts(doc, "argv", holder.argv or None)
+    json_text(doc, "hostname", holder.hostname or None)
+    doc.update(
+        acquired_at=stamp(holder.acquired_at.timestamp()) if holder.acquired_at else None,
+        held_for=_held_seconds(holder),
+        info=holder.info,
+        verified=holder.verified,
+        shared=holder.shared,
+        start_time=holder.start_time or None,
+        boot_id=holder.boot_id or None,
+        pidfs_ino=holder.pidfs_ino or None,
+        record_private=holder.record_private,
+        note=holder.note or None,
+    )
     lease = getattr(holder, "lease", None)
     if isinstance(lease, int):
         doc["lease"] = f"{lease:x}"
         doc["ttl"] = getattr(holder, "ttl", 0)
         doc["fencing_token"] = getattr(holder, "fencing_token", 0)
         doc["key"] = bytes(getattr(holder, "key", b"")).decode("utf-8", "replace")
+    return doc
+
+
+def path_json(path: str) -> dict[str, Any]:
+    """{"path": ...} as every command writes a path (exact, bytes beside a
+    name that is not UTF-8)."""
+    doc: dict[str, Any] = {}
+    json_text(doc, "path", path)
     return doc
 
 
@@ -60,13 +77,15 @@ def duration(seconds: float) -> str:
 
 
 def describe(path: str, found: list[Holder]) -> str:
-    """`pylock who`'s text: one line per holder of path (and its info), or "free"."""
+    """`pylock who`'s text: one line per holder of path (and its info), or
+    "free"; every string escaped (pylock._core.display)."""
+    shown = display(path)
     if not found:
-        return f"{path}: free\n"
+        return f"{shown}: free\n"
     lines = []
     for holder in found:
         kind = "shared" if holder.shared else "held"
-        text = f"{path}: {kind} by {holder.describe()}"
+        text = f"{shown}: {kind} by {holder.describe()}"
         held = _held_seconds(holder)
         if held is not None:
             text += f", for {duration(held)}"
@@ -78,5 +97,6 @@ def describe(path: str, found: list[Holder]) -> str:
         if holder.info:
             import json
 
+            # ASCII JSON: every control character of the record is \u-escaped.
             lines.append(f"  info: {json.dumps(holder.info)}")
     return "\n".join(lines) + "\n"

@@ -102,7 +102,9 @@ def _run(call: Invocation) -> int:
     if call.command is None:
         return 0
     if call.verbose:
-        sys.stdout.write(f"pylock: executing {call.command[0]}\n")
+        from .._core.display import display
+
+        sys.stdout.write(f"pylock: executing {display(call.command[0])}\n")
         sys.stdout.flush()
     status = execute(call, fd)
     del keep  # closing (never unlocking) our copy: the command may still hold it

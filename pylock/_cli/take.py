@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 
-from .exits import EX_CANTCREAT, EX_DATAERR, EX_NOINPUT, EX_OSERR, Exit, say
+from .exits import EX_CANTCREAT, EX_DATAERR, EX_NOINPUT, EX_OSERR, Exit, path_problem, say
 from .invocation import SHARED, UNLOCK
 
 TYPE_CHECKING = False  # typing stays unloaded: `pylock run` starts in shell loops
@@ -24,11 +23,14 @@ if TYPE_CHECKING:
 
 
 def lock_path(call: Invocation, path: str) -> tuple[int, Any]:
-    """Open and lock the file at path; returns its descriptor and what keeps it open."""
+    """Open and lock the file at path; returns its descriptor and what keeps it open.
+
+    Every message names the path absolute, as pylock.Lock and `pylock who` do."""
     from .._core.errors import NOT_REGULAR, LockFileError, UnsafeFilesystem
     from .._lock.errors import LockHeld, LockTimeout
     from .._lock.record import MAGIC
 
+    path = os.path.abspath(path)
     head = _head(path)
     if call.mode == UNLOCK or (head and head != MAGIC):
         # -u only unlocks; a file with someone else's bytes (a script that
@@ -51,7 +53,7 @@ def lock_path(call: Invocation, path: str) -> tuple[int, Any]:
         say(str(exc))
         raise Exit(EX_NOINPUT) from None
     except OSError as exc:
-        say(f"{path}: {exc.strerror}")
+        say(path_problem(path, exc))
         raise Exit(EX_OSERR if exc.errno in (errno.ENOLCK, errno.ENOMEM) else EX_DATAERR) from None
     return lock.fileno(), lock
 
@@ -85,16 +87,16 @@ def _acquire(call: Invocation, path: str, exists: bool) -> Lock:
 def _head(path: str) -> bytes | None:
     """The first bytes of the regular file at path (as many as a record's
     magic), or None: missing, a symlink, not a regular file, unreadable
-    (Lock decides and explains)."""
+    (Lock decides and explains).  Only a regular file is opened to look."""
+    from .._core.peek import Peek
     from .._lock.record import MAGIC
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with Peek(path) as look:
+            fd = look.open_to_read()
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
         return os.read(fd, len(MAGIC))
     except OSError:
         return None
@@ -193,12 +195,8 @@ def _refuse_network_filesystem(path: str, fd: int) -> None:
 
 
 def _open_failed(path: str, exc: OSError) -> NoReturn:
-    from .._core.errors import LockFileError
 
-    if isinstance(exc, LockFileError):
-        say(str(exc))
-    else:
-        say(f"cannot open lock file {path}: {exc.strerror}")
+    say(path_problem(path, exc))
     code = exc.errno
     if code in (errno.ENOMEM, errno.EMFILE, errno.ENFILE):
         raise Exit(EX_OSERR)
@@ -222,9 +220,10 @@ def _status_line(call: Invocation) -> bool:
 
 
 def _status(what: str, holder: Any) -> Any:
+    from .._core.display import display
     from .status import StatusLine
 
-    return StatusLine(what, holder)
+    return StatusLine(display(what), holder)
 
 
 def _holder_text(holder: Any) -> str:

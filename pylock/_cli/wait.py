@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
-import sys
 import time
 
 from . import args
 from .args import Option, UsageError
-from .exits import EX_NOINPUT
+from .exits import EX_NOINPUT, path_problem, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -66,20 +66,18 @@ def main_wait(argv: Sequence[str]) -> int:
         return 0
     if len(rest) != 1:
         raise UsageError("needs exactly one PATH")
-    path = rest[0]
+    path = os.path.abspath(rest[0])
     timeout: float | None = opts["timeout"]
     quiet = bool(opts["quiet"])
+    from .._core.display import display
     from .fdlock import Conflict, kernel_holders, lock_descriptor, open_existing
 
     try:
         fd = open_existing(path)
-    except FileNotFoundError:
-        if os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            return 0  # no file: nobody can hold it
-        sys.stderr.write(f"pylock: cannot use {path}: no such directory\n")
-        return EX_NOINPUT
     except OSError as exc:
-        sys.stderr.write(f"pylock: {exc if exc.filename else f'{path}: {exc.strerror}'}\n")
+        if exc.errno == errno.ENOENT and os.path.isdir(os.path.dirname(path)):
+            return 0  # no file: nobody can hold it
+        say(path_problem(path, exc))
         return EX_NOINPUT
     try:
         from .status import StatusLine, wanted
@@ -90,13 +88,13 @@ def main_wait(argv: Sequence[str]) -> int:
 
         try:
             if wanted(quiet) and timeout != 0:
-                with StatusLine(path, holder):
+                with StatusLine(display(path), holder):
                     lock_descriptor(fd, False, timeout != 0, timeout)
             else:
                 lock_descriptor(fd, False, timeout != 0, timeout)
         except Conflict:
             if not quiet:
-                sys.stderr.write(f"pylock: {path} is still held by {holder()}\n")
+                say(f"{path} is still held by {holder()}")
             return 1
         # Given back at once: this command only wanted to see it free.
         os.close(fd)

@@ -7,8 +7,8 @@ import os
 import sys
 
 from .args import HELP, Option, UsageError, parse
-from .exits import EX_NOINPUT, say
-from .report import describe, holder_json
+from .exits import EX_NOINPUT, path_problem, say
+from .report import describe, holder_json, path_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -58,30 +58,40 @@ def main(argv: Sequence[str]) -> int:
         from .etcd import main_who
 
         return main_who(opts["etcd"], paths, as_json=bool(opts["json"]))
-    reports = []
+    reports: list[tuple[str, list[Any] | None, str]] = []
     status = 0
     for path in paths:
+        full = os.path.abspath(path)
         try:
-            found = who(path, every=bool(opts["all"]))
+            found = who(full, every=bool(opts["all"]))
         except PathProblem as exc:
             say(str(exc))
             status = EX_NOINPUT
+            reports.append((full, None, str(exc)))
             continue
-        reports.append((os.path.abspath(path), found))
+        reports.append((full, found, ""))
         if not found and status == 0:
             status = 1
     if opts["json"]:
         import json
 
-        doc = [
-            {"path": path, "held": bool(found), "holders": [holder_json(h) for h in found]}
-            for path, found in reports
-        ]
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.write(json.dumps([_json(*report) for report in reports], indent=2) + "\n")
     else:
-        for path, found in reports:
-            sys.stdout.write(describe(path, found))
+        for path, holders, _ in reports:
+            if holders is not None:
+                sys.stdout.write(describe(path, holders))
     return status
+
+
+def _json(path: str, found: list[Any] | None, error: str) -> dict[str, Any]:
+    """One PATH as JSON: held null and error set when it cannot be inspected."""
+    doc = path_json(path)
+    doc.update(
+        held=None if found is None else bool(found),
+        holders=[holder_json(h) for h in found or ()],
+        error=error or None,
+    )
+    return doc
 
 
 def who(path: str, every: bool = False) -> list[Any]:
@@ -96,7 +106,7 @@ def who(path: str, every: bool = False) -> list[Any]:
         if exc.code not in (errno.EISDIR, NOT_REGULAR):
             raise PathProblem(str(exc)) from None
     except OSError as exc:
-        raise PathProblem(f"{path}: {exc.strerror}") from None
+        raise PathProblem(path_problem(full, exc)) from None
     return _kernel_only(full, every)
 
 
@@ -110,5 +120,5 @@ def _kernel_only(path: str, every: bool) -> list[Any]:
         with Peek(path) as look:
             key = look.key()
     except OSError as exc:
-        raise PathProblem(f"cannot inspect {path}: {exc}") from None
+        raise PathProblem(path_problem(path, exc)) from None
     return kernel_holders(key, every)

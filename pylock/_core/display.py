@@ -3,14 +3,19 @@
 A lock file's record is written by whoever can write the file, and a
 process chooses its own command line: either may carry terminal escape
 sequences (ESC, OSC, a carriage return that hides text, bidi overrides).
-Messages and human output show every such character escaped; JSON output
-keeps the exact string.
+So can a file name in a directory others can write.  Messages and human
+output show every such character escaped, paths included; JSON output keeps
+the exact string, and gives a name that is not UTF-8 its exact bytes too.
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+
+TYPE_CHECKING = False  # typing is not imported at run time (start-up: bench/README.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 _MAX_WORD = 40
 _MAX_LINE = 80
@@ -46,3 +51,64 @@ def shell_words(words: Sequence[str]) -> str:
         shown.append(shlex.quote(text) if text != word or " " in text or not text else text)
     line = " ".join(shown)
     return line if len(line) <= _MAX_LINE else line[: _MAX_LINE - 3] + "..."
+
+
+def stamp(seconds: float) -> str:
+    """A moment as every pylock command shows it, in text and in JSON:
+    UTC, to the second, "2026-11-29T17:02:11Z"."""
+    import datetime as dt
+
+    moment = dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- JSON: exact strings, and the bytes of names that are not UTF-8 ---------------
+
+
+def _exact_bytes(value: str) -> bytes | None:
+    """value's bytes if it is not valid UTF-8 text (a name decoded with
+    surrogate escapes, or a lone surrogate from a record), else None."""
+    try:
+        value.encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        pass
+    try:
+        return value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogatepass")
+
+
+def json_text(out: dict[str, Any], name: str, value: str | None) -> None:
+    """out[name] = value, exactly; when value is not UTF-8 (a file name's
+    bytes), out[name] has U+FFFD in place of each bad byte and, beside it,
+    out[name + "_base64"] holds the exact bytes (as `pylock who --system`
+    writes them)."""
+    if value is None:
+        out[name] = None
+        return
+    raw = _exact_bytes(value)
+    if raw is None:
+        out[name] = value
+        return
+    import base64
+
+    out[name] = raw.decode("utf-8", "replace")
+    out[name + "_base64"] = base64.b64encode(raw).decode("ascii")
+
+
+def json_texts(out: dict[str, Any], name: str, values: Sequence[str] | None) -> None:
+    """json_text for a list (argv): when any item is not UTF-8, out[name +
+    "_base64"] lists every item's exact bytes."""
+    if values is None:
+        out[name] = None
+        return
+    raws = [_exact_bytes(value) for value in values]
+    if all(raw is None for raw in raws):
+        out[name] = list(values)
+        return
+    import base64
+
+    exact = [value.encode() if raw is None else raw for value, raw in zip(values, raws)]
+    out[name] = [raw.decode("utf-8", "replace") for raw in exact]
+    out[name + "_base64"] = [base64.b64encode(raw).decode("ascii") for raw in exact]

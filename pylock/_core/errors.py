@@ -10,6 +10,8 @@ from __future__ import annotations
 import errno
 import os
 
+from .display import display
+
 
 class LockError(Exception):
     """Base class of every error pylock raises."""
@@ -22,7 +24,7 @@ class UnsafeFilesystem(LockError):
         self.path = path
         self.fs_name = fs_name
         super().__init__(
-            f"{path} is on {fs_name}, a network filesystem: flock there is emulated or "
+            f"{display(path)} is on {fs_name}, a network filesystem: flock there is emulated or "
             "local to one client, so two hosts can both 'hold' the lock. Put the lock "
             "file on a local filesystem (for example under /run or /tmp), or pass "
             "allow_network_fs=True if every user of this lock runs on this one host."
@@ -48,8 +50,9 @@ class LockFileError(LockError, OSError):
         return (LockFileError, (self.code, self.filename, self.advice))
 
     def __str__(self) -> str:
-        text = f"cannot use {self.filename!s} as a lock file: {self.strerror}"
-        return f"{text}; {self.advice}" if self.advice else text
+        # The path escaped: a name from a shared directory may carry escapes.
+        text = f"cannot use {display(str(self.filename))} as a lock file: {self.strerror}"
+        return f"{text}; {display(self.advice)}" if self.advice else text
 
 
 _ADVICE = {
@@ -76,7 +79,11 @@ def _meaning(code: int) -> str:
     return os.strerror(code)
 
 
-def advice_for(code: int) -> str:
+def advice_for(code: int, path: str = "") -> str:
+    """What to do about code; for a missing directory, the directory path names."""
+    if code == errno.ENOENT and path:
+        directory = os.path.dirname(os.path.abspath(path))
+        return f"the directory {directory} does not exist: create it first"
     if code == SYMLINK:
         return (
             "pylock never follows a symlink at the lock path (another user could point it "

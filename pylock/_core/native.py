@@ -41,7 +41,7 @@ _PERMANENT = {
 
 def fail(code: int, path: str) -> NoReturn:
     if code in _PERMANENT:
-        raise LockFileError(code, path, advice_for(code))
+        raise LockFileError(code, path, advice_for(code, path))
     raise OSError(code, os.strerror(code), path)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Generator
 from typing import Any
 
 from .._core import procfs as _procfs
+from .._core.display import display
 from .._core.errors import LockError
 from .._core.process import Pinned, PinUnavailable, pin
 from .._lock.errors import LockHeld, describe_holder
@@ -94,7 +95,7 @@ def _refuse(path: str, holder: Holder | None, why: str) -> TakeoverRefused:
     return TakeoverRefused(
         path,
         holder,
-        f"{path} is held by {describe_holder(holder)}; pylock will not take over: {why}",
+        f"{display(path)} is held by {describe_holder(holder)}; pylock will not take over: {why}",
     )
 
 

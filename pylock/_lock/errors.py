@@ -3,6 +3,7 @@ holder), and a lock object used against its rules (ReentrantAcquire, NotHeld).""
 
 from __future__ import annotations
 
+from .._core.display import display
 from .._core.errors import LockError
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up: bench/README.md)
@@ -11,12 +12,15 @@ if TYPE_CHECKING:
 
 
 class LockHeld(LockError):
-    """The lock is held by another owner and the caller did not (or no longer) wait."""
+    """The lock is held by another owner and the caller did not (or no longer) wait.
+
+    .path is the exact path; the message shows it, as every string in it,
+    with its control characters escaped."""
 
     def __init__(self, path: str, holder: Holder | None, message: str | None = None):
         self.path = path
         self.holder = holder
-        super().__init__(message or f"{path} is held by {describe_holder(holder)}")
+        super().__init__(message or f"{display(path)} is held by {describe_holder(holder)}")
 
     def __reduce__(self) -> tuple[object, ...]:  # keeps errors intact across processes
         return (LockHeld, (self.path, self.holder, str(self)))
@@ -30,7 +34,8 @@ class LockTimeout(LockHeld, TimeoutError):
         super().__init__(
             path,
             holder,
-            f"timed out after {timeout:g} s waiting for {path}: held by {describe_holder(holder)}",
+            f"timed out after {timeout:g} s waiting for {display(path)}: "
+            f"held by {describe_holder(holder)}",
         )
 
     def __reduce__(self) -> tuple[object, ...]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._core import procfs as _procfs
-from .._core.display import display, shell_words
+from .._core.display import display, shell_words, stamp
 from .._core.process import ProcessIdentity, is_alive
 from .record import hostname
 
@@ -68,7 +68,7 @@ class Holder:
             if self.hostname:
                 text += f" on {display(self.hostname)}"
             if self.acquired_at is not None:
-                text += " since " + self.acquired_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+                text += " since " + stamp(self.acquired_at.timestamp())
         if self.note:
             text += f" [{display(self.note)}]"
         return text

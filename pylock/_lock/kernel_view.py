@@ -46,8 +46,7 @@ class KernelView:
         descriptor holds one (inherited descriptors too).  Never empty while
         the kernel lists a lock that may be on this file.
         """
-        dev, ino, exact = self.key
-        table = _procfs.proc_locks(dev, ino)
+        table = _procfs.proc_locks(self.key.dev, self.key.ino)
         if table is not None and not table:
             return [], False  # the kernel lists no lock on this file
         takers: list[Holder] = []

@@ -243,7 +243,7 @@ def inspect(path: str) -> Inspection | None:
         if exc.errno != errno.ENOENT:
             raise
         if not os.path.isdir(os.path.dirname(path) or "."):
-            raise LockFileError(errno.ENOENT, path, advice_for(errno.ENOENT)) from None
+            raise LockFileError(errno.ENOENT, path, advice_for(errno.ENOENT, path)) from None
         return None
 
 

@@ -200,16 +200,25 @@ def proc_locks(dev: int, ino: int) -> list[TableLock] | None:
     return found
 
 
-def mount_device(mount_id: int) -> int | None:
+# Filesystems on which two files can share the lock tables' name for them:
+# btrfs and bcachefs subvolumes number their inodes each on their own, and an
+# overlay's files keep their layer's inode numbers (unless xino maps them).
+_SHARED_NAMES = {"btrfs", "bcachefs", "overlay"}
+
+
+def mount_of(mount_id: int) -> tuple[int, str] | None:
     """The device of the superblock mounted as mount_id in this process's
-    mount namespace (/proc/self/mountinfo), as the lock tables print it."""
+    mount namespace (/proc/self/mountinfo), as the lock tables print it, and
+    its filesystem type."""
     prefix = b"%d " % mount_id
     try:
         with open(f"{PROC}/self/mountinfo", "rb") as f:
             for line in f:
                 if line.startswith(prefix):
-                    major, _, minor = line.split()[2].partition(b":")
-                    return os.makedev(int(major), int(minor))
+                    words = line.split()
+                    major, _, minor = words[2].partition(b":")
+                    kind = words[words.index(b"-") + 1].decode("ascii", "replace")
+                    return os.makedev(int(major), int(minor)), kind
     except (OSError, ValueError, IndexError):
         pass
     return None
@@ -227,10 +236,11 @@ def lock_key(fd: int, st: os.stat_result) -> LockKey:
                 ino = int(line.split()[1])
         except (IndexError, ValueError):
             continue
-    dev = None if mount_id is None else mount_device(mount_id)
-    named = (st.st_dev if dev is None else dev, st.st_ino if ino is None else ino)
+    mount = None if mount_id is None else mount_of(mount_id)
     own = (st.st_dev, st.st_ino)
-    return LockKey(named[0], named[1], None if named == own else own)
+    named = (st.st_dev if mount is None else mount[0], st.st_ino if ino is None else ino)
+    shared = named != own or (mount is not None and mount[1] in _SHARED_NAMES)
+    return LockKey(named[0], named[1], own if shared else None)
 
 
 # -- a process: command line and status ------------------------------------------

@@ -4,6 +4,8 @@
     with tmpfs(size="1m", nr_inodes=4) as d:
     with readonly_tmpfs(populate) as d:     # populate(d) runs before remount,ro
     with readonly_bind(src) as d:           # a read-only view of an existing dir
+    with loop_filesystem("btrfs") as d:     # a loop-mounted btrfs, ext4 or xfs image
+    with overlay(lower) as d:               # overlayfs over lower, upper in a temp dir
 
 Each mounts on a fresh directory under the system temp dir, yields its path,
 and unmounts (lazily if something still holds it) and removes the directory in
@@ -99,6 +101,56 @@ def readonly_bind(source: str) -> Iterator[str]:
             _umount(where)
         with contextlib.suppress(OSError):
             os.rmdir(where)
+
+
+MKFS = {"btrfs": ["mkfs.btrfs", "-q"], "ext4": ["mkfs.ext4", "-q"], "xfs": ["mkfs.xfs", "-q"]}
+
+
+def mkfs_missing(kind: str) -> str | None:
+    """Why a loop_filesystem(kind) cannot be made here, or None."""
+    tool = MKFS[kind][0]
+    return None if shutil.which(tool) else f"{tool} is not installed"
+
+
+@contextlib.contextmanager
+def loop_filesystem(kind: str, size: str = "300M") -> Iterator[str]:
+    """A fresh kind ("btrfs", "ext4", "xfs") filesystem in an image file,
+    loop-mounted (btrfs needs about 120 MiB, xfs 300 MiB)."""
+    _need_root()
+    image_dir = tempfile.mkdtemp(prefix=f"pylock-{kind}-img-")
+    image = os.path.join(image_dir, "fs.img")
+    try:
+        with open(image, "wb") as f:
+            f.truncate(_bytes(size))
+        _run([*MKFS[kind], image])
+        with _mounted(["-o", "loop", image], f"pylock-{kind}-") as d:
+            os.chmod(d, 0o755)
+            yield d
+    finally:
+        shutil.rmtree(image_dir, ignore_errors=True)
+
+
+def _bytes(size: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    last = size[-1].lower()
+    return int(size[:-1]) * units[last] if last in units else int(size)
+
+
+@contextlib.contextmanager
+def overlay(lower: str) -> Iterator[str]:
+    """overlayfs with lower as its lower layer and a fresh upper layer in a
+    temp directory (on /tmp's filesystem); xino as the kernel chooses."""
+    _need_root()
+    layers = tempfile.mkdtemp(prefix="pylock-overlay-layers-")
+    upper, work = os.path.join(layers, "upper"), os.path.join(layers, "work")
+    os.mkdir(upper)
+    os.mkdir(work)
+    try:
+        opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
+        with _mounted(["-t", "overlay", "-o", opts, "overlay"], "pylock-overlay-") as d:
+            yield d
+    finally:
+        shutil.rmtree(layers, ignore_errors=True)
 
 
 def fill_space(directory: str, name: str = "filler") -> int:

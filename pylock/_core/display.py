@@ -23,6 +23,8 @@ _MAX_LINE = 80
 
 def _escape(char: str) -> str:
     code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte of a name that is not UTF-8 (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
     if code <= 0xFF:
         return f"\\x{code:02x}"
     if code <= 0xFFFF:
@@ -33,8 +35,9 @@ def _escape(char: str) -> str:
 def display(text: str) -> str:
     """text with every non-printable character (controls, format characters
     such as bidi overrides, line and paragraph separators, lone surrogates)
-    escaped as \\xNN, \\uNNNN or \\UNNNNNNNN: nothing can reach the terminal
-    as a control."""
+    escaped as \\xNN, \\uNNNN or \\UNNNNNNNN (a byte of a name that is not
+    UTF-8, decoded with surrogate escapes, as the \\xNN of that byte):
+    nothing can reach the terminal as a control."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else _escape(c) for c in text)

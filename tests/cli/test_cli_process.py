@@ -426,3 +426,38 @@ def test_interop_both_ways_with_flock(lock_path: str) -> None:
     finally:
         held_by_pylock.release()
     assert subprocess.run([FLOCK, "-n", lock_path, "true"]).returncode == 0
+
+
+@pytest.mark.checkout
+def test_exactly_the_signals_the_readme_names_are_not_passed_on_ignored(lock_path: str) -> None:
+    """Every catchable signal ignored by the caller: the command finds all of
+    them ignored but those the README's command-line section names, and the
+    README names exactly those."""
+    import re
+
+    from tests.support import REPO_ROOT
+
+    kept = (signal.SIGKILL, signal.SIGSTOP)
+    catchable = [s for s in signal.valid_signals() if s < signal.SIGRTMIN and s not in kept]
+
+    def ignore_all() -> None:
+        for signum in catchable:
+            signal.signal(signum, signal.SIG_IGN)
+
+    def ignored(*wrapper: str) -> set[str]:
+        argv = [*wrapper, "grep", "SigIgn", "/proc/self/status"]
+        out = subprocess.run(
+            argv, capture_output=True, text=True, env=cli_env(), preexec_fn=ignore_all
+        )
+        mask = int(out.stdout.split()[1], 16)
+        return {signal.Signals(s).name for s in catchable if mask & (1 << (s - 1))}
+
+    # The control: what a plain exec keeps ignored here (the starting
+    # process may keep fewer, e.g. a synchronous signal).
+    reset = ignored() - ignored(PYLOCK, "run", lock_path)
+    assert reset == {"SIGPIPE", "SIGXFSZ", "SIGCHLD"}
+    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    start = readme.index("Signals the caller ignored stay ignored in the command")
+    sentence = readme[start : readme.index(").", start)]
+    assert set(re.findall(r"\bSIG[A-Z]+\b", sentence)) == reset, sentence

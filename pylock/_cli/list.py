@@ -4,7 +4,8 @@ A lock file here is a regular file (never a symlink) that holds a pylock
 record, is empty, or is locked right now.  --stale picks the files nobody
 holds whose record names a process that is gone; --clean removes those the
 way release(unlink=True) does: it takes the lock (without waiting), checks
-again under the lock, unlinks while still holding it and only then lets go,
+again under the lock, unlinks while still holding it and only then lets go
+(every name relative to the directory's descriptor, opened once),
 so nothing held is ever removed and pylock waiters, which re-check the path
 after locking, are never split across two files.
 """
@@ -41,12 +42,15 @@ file locked right now; other files are left out.
 
 --clean removes stale files: free, with a record naming a process that has
 exited.  Each is locked (never waited for), checked again, unlinked while
-locked, then released: a held file is never removed, and pylock users
-waiting for it re-check the path and move to the new file.  A flock(1)
-user that opened the file in that same instant is not protected (flock(1)
-never re-checks the path).
+locked, then released, nothing ever written into it: a held file is never
+removed, and pylock users waiting for it re-check the path and move to the
+new file.  A flock(1) user that opened the file in that same instant is not
+protected (flock(1) never re-checks the path).  A file that may not be
+removed is named on stderr, and the others are still cleaned.  FIFOs and
+devices are looked at, never opened.
 
-Exit status: 0, or 66 when DIR cannot be read.
+Exit status: 0; 1 when --clean left a stale file it may not remove; 66 when
+DIR cannot be read.
 
 Options:
 """

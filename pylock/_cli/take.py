@@ -180,18 +180,15 @@ def _open_or_exit(path: str, create: bool) -> int:
 
 def _refuse_network_filesystem(path: str, fd: int) -> None:
     """As pylock.Lock refuses them: flock there is emulated or local to one client."""
-    from .._core import fs as _fs
     from .._core.errors import UnsafeFilesystem
-    from .._core.native import ffi, lib
+    from .._core.fs import refuse_unfit_filesystem
 
-    fs = ffi.new("pl_fs_info *")
-    if lib.pl_fs_stat(fd, fs) != 0:
-        return
-    name = _fs.network_filesystem(fs.magic, fs.remote, ffi.string(fs.name).decode())
-    if name is not None:
+    try:
+        refuse_unfit_filesystem(fd, path, pseudo=False)
+    except UnsafeFilesystem as exc:
         os.close(fd)
-        say(str(UnsafeFilesystem(path, name)))
-        raise Exit(EX_NOINPUT)
+        say(str(exc))
+        raise Exit(EX_NOINPUT) from None
 
 
 def _open_failed(path: str, exc: OSError) -> NoReturn:

@@ -1,6 +1,9 @@
-"""Which filesystems can hold a lock file: a decision from statfs."""
+"""Which filesystems can hold a lock file: a decision from statfs, and the one refusal."""
 
 from __future__ import annotations
+
+from .errors import PSEUDO_FS, LockFileError, UnsafeFilesystem
+from .native import check, ffi, lib
 
 # statfs f_type values of network and FUSE filesystems (Linux magic.h and
 # the filesystems' own sources).  flock there is emulated with byte-range
@@ -68,3 +71,32 @@ def network_filesystem(magic: int, remote: int, name: str) -> str | None:
     if remote == 1 or lowered in NETWORK_NAMES or lowered.startswith("fuse"):
         return name or "a network filesystem"
     return None
+
+
+def refuse_unfit_filesystem(
+    handle: int, path: str, *, pseudo: bool = True, network: bool = True, strict: bool = False
+) -> None:
+    """Refuse the lock file open at handle where no lock on it can be promised:
+    on a kernel pseudo-filesystem (pseudo: LockFileError with PSEUDO_FS, its
+    files are kernel state) or on a network or FUSE filesystem (network:
+    UnsafeFilesystem, flock there is emulated or local to one client).  A
+    file whose filesystem statfs cannot describe passes, unless strict (then
+    that error is raised)."""
+    fs = ffi.new("pl_fs_info *")
+    rc = lib.pl_fs_stat(handle, fs)
+    if rc != 0:
+        if strict:
+            check(rc, path)
+        return
+    fs_name = ffi.string(fs.name).decode()
+    name = pseudo_filesystem(fs.magic, fs_name) if pseudo else None
+    if name is not None:
+        raise LockFileError(
+            PSEUDO_FS,
+            path,
+            f"it is on {name}, which holds kernel state, not files: put the lock "
+            "file on a real filesystem (for example under /run or /tmp)",
+        )
+    name = network_filesystem(fs.magic, fs.remote, fs_name) if network else None
+    if name is not None:
+        raise UnsafeFilesystem(path, name)

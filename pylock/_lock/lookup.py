@@ -14,7 +14,7 @@ from typing import Any
 
 from .._core import fs as _fs
 from .._core import procfs as _procfs
-from .._core.errors import NOT_REGULAR, PSEUDO_FS, SYMLINK, LockFileError, advice_for
+from .._core.errors import NOT_REGULAR, SYMLINK, LockFileError, advice_for
 from .._core.native import check, ffi, lib, open_lock_file
 from .._core.peek import Peek
 from .._core.process import ProcessIdentity, identity_of, same_process
@@ -224,12 +224,7 @@ def _refuse_kind(mode: int, path: str) -> None:
 
 
 def _refuse_pseudo_filesystem(handle: int, path: str) -> None:
-    fs = ffi.new("pl_fs_info *")
-    if lib.pl_fs_stat(handle, fs) != 0:
-        return
-    name = _fs.pseudo_filesystem(fs.magic, ffi.string(fs.name).decode())
-    if name is not None:
-        raise LockFileError(PSEUDO_FS, path, f"it is on {name}, which holds kernel state")
+    _fs.refuse_unfit_filesystem(handle, path, network=False)
 
 
 def inspect(path: str) -> Inspection | None:

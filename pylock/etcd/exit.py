@@ -7,14 +7,36 @@ revision on leaves no gap in which a deletion could be missed.
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from .._core.timeout import deadline_of
 from .client import REQUEST_TIMEOUT, DeadlinePassed
-from .holder import EtcdHolder
 from .loop import etcd_loop, run_async, run_blocking
 
 
-async def _wait_gone(holder: EtcdHolder, deadline: float | None) -> None:
+class KeyHolder(Protocol):
+    """What waiting needs of a holder (an EtcdHolder, which calls these
+    functions: this module does not import it back)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def key(self) -> bytes: ...
+
+    @property
+    def fencing_token(self) -> int: ...
+
+    @property
+    def revision(self) -> int: ...
+
+    @property
+    def endpoints(self) -> tuple[str, ...]: ...
+
+    def describe(self) -> str: ...
+
+
+async def _wait_gone(holder: KeyHolder, deadline: float | None) -> None:
     cluster = etcd_loop().cluster(holder.endpoints)
     after = holder.revision
     while True:
@@ -29,11 +51,11 @@ async def _wait_gone(holder: EtcdHolder, deadline: float | None) -> None:
             return
 
 
-async def wait_deleted_async(holder: EtcdHolder, timeout: float | None) -> None:
+async def wait_deleted_async(holder: KeyHolder, timeout: float | None) -> None:
     await run_async(_wait_gone(holder, deadline_of(timeout)))
 
 
-def wait_deleted(holder: EtcdHolder, timeout: float | None) -> bool:
+def wait_deleted(holder: KeyHolder, timeout: float | None) -> bool:
     try:
         run_blocking(_wait_gone(holder, deadline_of(timeout)))
     except TimeoutError:
@@ -41,7 +63,7 @@ def wait_deleted(holder: EtcdHolder, timeout: float | None) -> bool:
     return True
 
 
-def key_exists(holder: EtcdHolder) -> bool:
+def key_exists(holder: KeyHolder) -> bool:
     async def look() -> bool:
         cluster = etcd_loop().cluster(holder.endpoints)
         kv, _ = await cluster.get(holder.key, time.monotonic() + REQUEST_TIMEOUT)

@@ -1,8 +1,9 @@
 """Lock metrics: acquisitions, conflicts, time waited and time held, per lock and process-wide.
 
-Off by default, and then free: one check of a module global per acquire
-and release.  enable() installs this module as the observer and points
-every lock file at its path's pl_hold_stats: the C core then times each
+Off by default, and then free: one check per acquire and release.
+enable() makes this module the observer of every lock, through the lock
+package's one registration point (set_observer), which points every lock
+file at its path's pl_hold_stats: the C core then times each
 hold itself (a clock reading when it takes the lock, another and two atomic
 adds when it releases it), so an uncontended acquire + release runs no
 Python for metrics (benchmarked in bench/daemon.py).  Conflicts and waits,
@@ -20,25 +21,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from ._core.native import ffi
-from ._lock import lock as _lock
+from ._lock.lockfile import current_observer, set_observer, timed_holds
+from ._lock.protocol import BUCKET_POWERS, BUCKETS, LockStats
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from ._lock.lock import Lock
+    from ._lock.lockfile import LockFile
 
 log = logging.getLogger("pylock")
 
-# Histogram buckets: durations of at most 2**k - 1 ns, from about 1 us to
-# 275 s.  A duration of d ns is filed under slot d.bit_length(), the b with
-# 2**(b-1) <= d < 2**b (the C core does the same for holds): one integer
-# operation instead of a search, and exact for these bounds.
-_POWERS = (10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38)
-BUCKETS = tuple((2**k - 1) / 1e9 for k in _POWERS)
 _SLOTS = 65  # a duration below 2**64 ns
 _now = time.monotonic_ns
 
@@ -66,25 +62,11 @@ def _buckets(slots: list[int]) -> tuple[int, ...]:
     """Counts per bucket of BUCKETS (not cumulative; the last is +Inf)."""
     out = []
     low = 0
-    for k in _POWERS:  # slots up to k hold durations below 2**k
+    for k in BUCKET_POWERS:  # slots up to k hold durations below 2**k
         out.append(sum(slots[low : k + 1]))
         low = k + 1
     out.append(sum(slots[low:]))
     return tuple(out)
-
-
-@dataclass(frozen=True)
-class LockStats:
-    """A snapshot of one lock's counters (or of all of them: name is "")."""
-
-    name: str
-    acquisitions: int = 0
-    conflicts: int = 0  # attempts that found the lock held
-    waited: float = 0.0  # seconds spent waiting, in acquisitions and in attempts given up
-    held: float = 0.0  # seconds held, over completed holds
-    releases: int = 0
-    wait_buckets: tuple[int, ...] = (0,) * (len(BUCKETS) + 1)
-    hold_buckets: tuple[int, ...] = (0,) * (len(BUCKETS) + 1)
 
 
 _table: dict[str, _Counters] = {}
@@ -99,7 +81,12 @@ def _counters(path: str) -> _Counters:
     return found
 
 
-# -- the hooks Lock calls while enabled (on the contended path only) ------------
+# -- what the locks tell the observer (on the contended path only) --------------
+
+# When each lock object's contended attempt began to wait, and (logging
+# acquisitions) when each was acquired: kept here, not on the objects.
+_waiting_since: WeakKeyDictionary[LockFile, int] = WeakKeyDictionary()
+_acquired_at: WeakKeyDictionary[LockFile, int] = WeakKeyDictionary()
 
 
 def holds_of(path: str) -> Any:
@@ -107,17 +94,16 @@ def holds_of(path: str) -> Any:
     return _counters(path).holds
 
 
-def conflicted(lock: Lock) -> None:
-    lock._pl_waiting = _now()  # type: ignore[attr-defined]
+def conflicted(lock: LockFile) -> None:
+    _waiting_since[lock] = _now()
     # After the stamp: whoever sees the count, sees a wait begun.
     _counters(lock.path).conflicts += 1
 
 
-def waited(lock: Lock) -> None:
+def waited(lock: LockFile) -> None:
     """A contended attempt took the lock (or gave up, from gave_up)."""
-    begun = getattr(lock, "_pl_waiting", 0)
+    begun = _waiting_since.pop(lock, 0)
     if begun:
-        lock._pl_waiting = 0  # type: ignore[attr-defined]
         wait_ns = _now() - begun
         counters = _counters(lock.path)
         counters.wait_ns += wait_ns
@@ -125,8 +111,8 @@ def waited(lock: Lock) -> None:
 
 
 class _Observer:
-    """What Lock calls (one attribute lookup each).  Acquisitions are not
-    counted as they happen: they are the completed holds (the hold
+    """What the locks call (pylock._lock.lockfile.LockObserver).  Acquisitions
+    are not counted as they happen: they are the completed holds (the hold
     histogram's count) plus the holds in progress, counted when asked."""
 
     holds_of = staticmethod(holds_of)
@@ -134,38 +120,32 @@ class _Observer:
     waited = staticmethod(waited)
     gave_up = staticmethod(waited)
 
+    @staticmethod
+    def stats_of(path: str) -> LockStats:
+        return stats_of(path)
+
+    # With log_acquisitions: a debug record on the "pylock" logger for each
+    # acquisition and release.
+
+    @staticmethod
+    def acquired(lock: LockFile) -> None:
+        _acquired_at[lock] = _now()
+        log.debug("pylock: acquired %s", lock.path)
+
+    @staticmethod
+    def released(lock: LockFile) -> None:
+        since = _acquired_at.pop(lock, None)
+        if since is not None:
+            log.debug("pylock: released %s after %.6f s", lock.path, (_now() - since) / 1e9)
+
 
 class _LoggingObserver(_Observer):
     """The same, with a debug record on the "pylock" logger for each conflict."""
 
     @staticmethod
-    def conflicted(lock: Lock) -> None:
+    def conflicted(lock: LockFile) -> None:
         conflicted(lock)
         log.debug("pylock: %s is held by another owner", lock.path)
-
-
-class _EventLog:
-    """A debug record on the "pylock" logger for each acquisition and release."""
-
-    @staticmethod
-    def acquired(lock: Lock) -> None:
-        lock._pl_logged_at = _now()  # type: ignore[attr-defined]
-        log.debug("pylock: acquired %s", lock.path)
-
-    @staticmethod
-    def released(lock: Lock) -> None:
-        since = getattr(lock, "_pl_logged_at", None)
-        lock._pl_logged_at = None  # type: ignore[attr-defined]
-        if since is not None:
-            log.debug("pylock: released %s after %.6f s", lock.path, (_now() - since) / 1e9)
-
-
-def _timed_holds_in_progress(path: str) -> int:
-    return sum(
-        1
-        for lock in list(_lock._open_locks)
-        if lock.path == path and lock._lf.held_since != 0 and lock.locked
-    )
 
 
 # -- the public API --------------------------------------------------------------
@@ -173,26 +153,19 @@ def _timed_holds_in_progress(path: str) -> int:
 
 def enable(*, log_acquisitions: bool = False) -> None:
     """Start counting, in this process.  log_acquisitions: a debug record on the
-    "pylock" logger for each acquisition, conflict and release."""
-    # Set before the lock files are pointed at their stats: a lock file
-    # opened meanwhile is pointed by _open.
-    _lock._observer = _LoggingObserver if log_acquisitions else _Observer
-    _lock._event_log = _EventLog if log_acquisitions else None
-    for lock in list(_lock._open_locks):
-        # A hold that began while counting was off is not measured.
-        lock._lf.held_since = 0
-        lock._lf.holds = holds_of(lock.path)
+    "pylock" logger for each acquisition, conflict and release.  A hold that
+    began while counting was off is not measured."""
+    observer = _LoggingObserver() if log_acquisitions else _Observer()
+    set_observer(observer, log_events=log_acquisitions)
 
 
 def disable() -> None:
     """Stop counting; the counters so far are kept (reset() clears them)."""
-    _lock._observer = _lock._event_log = None
-    for lock in list(_lock._open_locks):
-        lock._lf.holds = ffi.NULL
+    set_observer(None)
 
 
 def enabled() -> bool:
-    return _lock._observer is not None
+    return current_observer() is not None
 
 
 def reset() -> None:
@@ -207,7 +180,7 @@ def _snapshot(name: str, c: _Counters) -> LockStats:
     hold_buckets = _buckets(hold_slots)
     return LockStats(
         name=name,
-        acquisitions=sum(hold_slots) + _timed_holds_in_progress(name),
+        acquisitions=sum(hold_slots) + timed_holds(name),
         conflicts=c.conflicts,
         waited=c.wait_ns / 1e9,
         held=c.holds.held_ns / 1e9,

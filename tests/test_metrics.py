@@ -13,7 +13,7 @@ import pytest
 
 import pylock
 from pylock import metrics
-from pylock._lock import lock as _lock
+from pylock._lock.lockfile import current_observer
 from tests.support import env_with_repo
 
 HOLDER = textwrap.dedent(
@@ -40,14 +40,14 @@ def observed():
 
 
 def test_off_by_default_and_nothing_counted():
-    assert _lock._observer is None and not metrics.enabled()
+    assert current_observer() is None and not metrics.enabled()
     out = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import pylock, sys; from pylock._lock import lock as _lock; "
+            "import pylock, sys; from pylock._lock.lockfile import current_observer; "
             "l = pylock.Lock(sys.argv[1]); "
-            "l.acquire(); l.release(); print(_lock._observer, l.stats.acquisitions, "
+            "l.acquire(); l.release(); print(current_observer(), l.stats.acquisitions, "
             "'pylock.metrics' in sys.modules)",
             "/tmp/pylock-metrics-off.lock",
         ],
@@ -56,8 +56,9 @@ def test_off_by_default_and_nothing_counted():
         env=env_with_repo(),
         check=True,
     )
-    # The hooks found no observer, and stats (asked after) shows nothing counted.
-    assert out.stdout.split() == ["None", "0", "True"]
+    # The hooks found no observer, and stats (asked after) shows nothing
+    # counted without loading pylock.metrics.
+    assert out.stdout.split() == ["None", "0", "False"]
 
 
 def test_counters_after_scripted_contention(tmp_path, observed):

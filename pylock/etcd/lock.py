@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
-import weakref
-from collections.abc import Sequence
-from types import TracebackType
-from typing import Any, Callable
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 from urllib.parse import quote
 
-from .._core.native import ffi, lib
-from .._core.timeout import check_timeout, deadline_of, seconds_left
-from .._lock import lock as _lock
+from .._core.native import lib
+from .._core.timeout import check_timeout, deadline_of
 from .._lock.errors import LockHeld, LockTimeout, NotHeld, ReentrantAcquire
-from .._lock.lock_async import ACQUIRE_ASYNC_CODES, task_owner, wait_for_object, wake_object_waiter
+from .._lock.ownership import Owned, acquires_for_awaiting_task, task_owner, this_thread
 from .._lock.record import check_info
 from .client import (
     REQUEST_TIMEOUT,
@@ -39,14 +35,11 @@ from .session import RETRY_DELAY, Session
 
 log = logging.getLogger("pylock")
 
-# Every EtcdLock: a fork may come while another thread owns one.
-_all_locks: weakref.WeakSet[EtcdLock] = weakref.WeakSet()
-
 # How long naming the holder in a LockHeld/LockTimeout may take, at most.
 _NAMING_TIME = 1.0
 
 
-class EtcdLock:
+class EtcdLock(Owned):
     """A lock named `name` in the etcd cluster at `endpoints`, with Lock's interface.
 
     Holding it means owning the oldest key under the lock's prefix, bound to
@@ -79,20 +72,10 @@ class EtcdLock:
         # Quoted, so that lock "a" never sees the keys of lock "a/b".
         self._prefix = b"pylock/lock/" + quote(name, safe="").encode() + b"/"
         self.path = f"etcd://{','.join(self.endpoints)}/{name}"
-        # One attempt at a time uses this object, kept as Lock keeps it: the
-        # C core's owner word (this lf has no file), the bell for threads
-        # and a queue for coroutines waiting for the object.
-        self._lf = ffi.new("pl_lockfile *")
-        self._lf.handle = -1
-        self._attempt: object | None = None
-        self._bell = _lock._new_bell()
-        self._object_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self._object_waiters_mu = threading.Lock()
-        # The holding thread's token or task, compared by identity and kept
-        # alive while held, so that no later thread or task can pass for it.
-        self._owner: object | None = None
+        # One attempt at a time uses this object, as a Lock: the C core's
+        # owner word (in a pl_lockfile without a file), the holder kept alive.
+        super().__init__()
         self._session: Session | None = None
-        _all_locks.add(self)
 
     def __repr__(self) -> str:
         state = "locked" if self.locked else "unlocked"
@@ -110,7 +93,7 @@ class EtcdLock:
         acquire whose except clause has given the object back (its first
         call) holds nothing, whatever fields the interrupted rest left."""
         attempt = self._attempt
-        if attempt is None or (self._lf.owner & ~1) != id(attempt):
+        if attempt is None or not self._owned_by(id(attempt)):
             return None
         return attempt
 
@@ -137,7 +120,7 @@ class EtcdLock:
         EtcdUnavailable when etcd cannot be reached (within the timeout, or
         within pylock's 5 s request limit when waiting longer).
         """
-        owner = _lock._this_thread.token
+        owner = this_thread.token
         if self._owner is owner and self.locked:
             raise ReentrantAcquire(
                 f"{self.path}: this thread already holds this EtcdLock; pylock locks are "
@@ -157,16 +140,9 @@ class EtcdLock:
         token = id(attempt)
         won: list[Session] = []
         waited = [False]  # slept on the bell: may have taken a ring meant for others
-        lf = self._lf
         try:
-            if lib.pl_own(lf, token, 0) != 0:
-                if not blocking:
-                    self._raise_held(False, timeout)
-                while lib.pl_own(lf, token, 1) != 0:
-                    waited[0] = True
-                    left = seconds_left(deadline)
-                    if not self._bell.acquire(True, -1 if left is None else left):
-                        self._raise_held(True, timeout)
+            if not self._own(token):
+                self._take_object(token, blocking, deadline, timeout, waited)
             session = run_blocking(self._contend(blocking, deadline, timeout, attempt, won))
             self._hold(session, owner)
             self._attempt = attempt
@@ -175,6 +151,7 @@ class EtcdLock:
             raise
         return True
 
+    @acquires_for_awaiting_task
     async def acquire_async(self, timeout: float | None = None) -> bool:
         """Take the lock from a coroutine; cancelling the task leaves nothing in etcd."""
         owner = task_owner()
@@ -189,8 +166,8 @@ class EtcdLock:
         token = id(attempt)
         won: list[Session] = []
         try:
-            if lib.pl_own(self._lf, token, 0) != 0:
-                await wait_for_object(self, token, deadline, timeout)
+            if not self._own(token):
+                await self._take_object_async(token, deadline, timeout)
             session = await run_async(self._contend(True, deadline, timeout, attempt, won))
             self._hold(session, owner)
             self._attempt = attempt
@@ -203,7 +180,9 @@ class EtcdLock:
         """An acquisition that raises holds nothing.  The first call gives the
         object back (the session is doomed from then on, see _contend); the
         rest ends the session at once and forgets it, and may be cut short."""
-        ring = lib.pl_disown(self._lf, id(attempt), 0)
+        # The C call itself, not a method: a call is where a handler's
+        # exception could land before the object is given back.
+        ring = lib.pl_disown(self._lf, id(attempt), 0) > 0
         try:
             # Only what this attempt set: another may own the object already.
             if won:
@@ -214,10 +193,10 @@ class EtcdLock:
             if self._attempt is attempt:
                 self._attempt = None
         finally:
-            if ring > 0 or waited:
-                _lock._ring(self)
+            if ring or waited:
+                self._ring()
 
-    def _raise_held(self, blocking: bool, timeout: float | None) -> None:
+    def _raise_held(self, blocking: bool, timeout: float | None) -> NoReturn:
         if blocking:
             raise LockTimeout(self.path, self.holder(), timeout or 0.0)
         raise LockHeld(self.path, self.holder())
@@ -263,10 +242,10 @@ class EtcdLock:
             raise EtcdUnavailable(self.endpoints, f"no answer within {timeout:g} s") from None
         key = self._prefix + f"{lease:016x}".encode()
         session = Session(cluster, key, lease, ttl, started + ttl)
-        lf, token = self._lf, id(attempt)
+        owned_by, token = self._owned_by, id(attempt)
         # Kept alive while the object is owned by this attempt (which the
         # closure keeps alive, so that its id names nobody else).
-        session.wanted = lambda: (lf.owner & ~1) == token and attempt is not None
+        session.wanted = lambda: owned_by(token) and attempt is not None
         session.start()
         try:
             value = encode_record(self._info, lease, ttl)
@@ -319,9 +298,6 @@ class EtcdLock:
             return None
         return None if kv is None else decode_holder(self.name, kv, revision, self.endpoints)
 
-    def _wake_object_waiter(self) -> None:
-        wake_object_waiter(self)
-
     # -- releasing -----------------------------------------------------------
 
     def _take_session(self) -> tuple[Session, object]:
@@ -334,8 +310,8 @@ class EtcdLock:
         return session, attempt
 
     def _release_object(self, attempt: object) -> None:
-        if lib.pl_disown(self._lf, id(attempt), 0) > 0:
-            _lock._ring(self)
+        if lib.pl_disown(self._lf, id(attempt), 0) > 0:  # the C call itself, as in _give_back
+            self._ring()
 
     def release(self) -> None:
         """Release the lock: its key is deleted at once, which wakes the next waiter.
@@ -376,48 +352,20 @@ class EtcdLock:
         kv, revision = await cluster.first(self._prefix, time.monotonic() + REQUEST_TIMEOUT)
         return None if kv is None else decode_holder(self.name, kv, revision, self.endpoints)
 
-    # -- context managers ----------------------------------------------------
+    def _release_in_task(self) -> Coroutine[Any, Any, None]:
+        return self.release_async()
 
-    def __enter__(self) -> EtcdLock:
-        self.acquire()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-    async def __aenter__(self) -> EtcdLock:
-        await self.acquire_async()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.release_async()
+    def _after_fork(self) -> None:
+        # A forked child does not hold its parent's etcd locks: releasing them
+        # there would revoke the parent's lease.
+        super()._after_fork()
+        self._session = None
 
 
-ACQUIRE_ASYNC_CODES.add(id(EtcdLock.acquire_async.__code__))
+if TYPE_CHECKING:
+    from .._lock.lock import Lock
+    from .._lock.protocol import SupportsLock
 
-
-def _forget_after_fork() -> None:
-    # A forked child does not hold its parent's etcd locks: releasing them
-    # there would revoke the parent's lease.
-    for lock in list(_all_locks):
-        lock._session = None
-        lock._owner = None
-        lock._attempt = None
-        lock._lf.owner = 0  # the child has one thread: nobody owns anything
-        lock._bell = _lock._new_bell()
-        lock._object_waiters = []
-        lock._object_waiters_mu = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
+    def _both_are_locks(lock: Lock, etcd_lock: EtcdLock) -> list[SupportsLock]:
+        # mypy --strict pylock checks here that both classes satisfy the protocol.
+        return [lock, etcd_lock]

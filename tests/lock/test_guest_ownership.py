@@ -327,6 +327,58 @@ def test_huge_and_endless_timeouts_wait_for_another_threads_hold_of_the_object(
     lock.release()
 
 
+# threading's locks on Windows wait at most this long (a DWORD of milliseconds,
+# 49.7 days) and raise OverflowError for a longer timeout; elsewhere the limit
+# (292 years) is beyond every timeout pylock passes on.
+WINDOWS_TIMEOUT_MAX = 4294967.0
+
+
+class _BellWithWindowsLimit:
+    """A lock object's bell that refuses a timeout above Windows's limit, as
+    Windows refuses it, on any platform."""
+
+    def __init__(self, bell: Any) -> None:
+        self._bell = bell
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if timeout > WINDOWS_TIMEOUT_MAX:
+            raise OverflowError("timeout value is too large")
+        return bool(self._bell.acquire(blocking, timeout))
+
+    def release(self) -> None:
+        self._bell.release()
+
+
+def test_a_timeout_beyond_the_platforms_thread_wait_limit_waits_for_another_threads_hold(
+    new_lock: Callable[[], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 60-day timeout, while another thread holds the object, waits for
+    that thread's release where threading's locks wait at most 49.7 days
+    (Windows): the wait on the object is cut to the platform's limit, for
+    Lock and EtcdLock alike, instead of raising OverflowError."""
+    from pylock._lock import ownership
+
+    monkeypatch.setattr(ownership, "TIMEOUT_MAX", WINDOWS_TIMEOUT_MAX)
+    lock = new_lock()
+    lock._bell = _BellWithWindowsLimit(lock._bell)
+    lock.acquire()
+    outcome: list[object] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(lock.acquire(timeout=60 * 86400.0))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    wait_sleeping(t)  # blocked on this object (or failed at once)
+    lock.release()
+    t.join()
+    assert outcome == [True]
+    lock.release()
+
+
 @pytest.mark.parametrize("timeout", [math.nan, -0.5, -2, -math.inf])
 def test_nan_and_negative_timeouts_are_refused_everywhere(lock_path: str, timeout: float) -> None:
     lock = pylock.Lock(lock_path)

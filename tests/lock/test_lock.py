@@ -556,6 +556,35 @@ def test_locked_context_manager_release_and_close(lock_path: str) -> None:
     assert "unlocked" in repr(lock) and lock_path in repr(lock)
 
 
+def test_fileno_names_the_lock_files_descriptor_while_it_is_open(lock_path: str, forked) -> None:
+    """fileno() is the descriptor the Lock keeps open on its file between
+    acquisitions, -1 before the first, after close() and in a forked child;
+    file_key(lock) is that file's (device, inode)."""
+    from pylock._lock.lockfile import file_key
+
+    lock = pylock.Lock(lock_path)
+    assert lock.fileno() == -1 and file_key(lock) == (0, 0)
+    lock.acquire()
+    fd = lock.fileno()
+    st = os.stat(lock_path)
+    assert os.readlink(f"/proc/self/fd/{fd}") == lock_path
+    assert file_key(lock) == (st.st_dev, st.st_ino)
+    lock.release()
+    assert lock.fileno() == fd  # kept open for the next acquisition
+    lock.acquire()
+
+    def in_child(chan) -> None:
+        chan.say(f"fileno {lock.fileno()}")
+
+    child = forked(in_child)
+    assert child.line() == "fileno -1"
+    assert child.wait() == 0
+    assert lock.fileno() == fd
+    lock.close()
+    assert lock.fileno() == -1
+    assert file_key(lock) == (st.st_dev, st.st_ino)  # the file it last had open
+
+
 def test_context_manager_releases_on_exception(lock_path: str) -> None:
     lock = pylock.Lock(lock_path)
     with pytest.raises(KeyError), lock:

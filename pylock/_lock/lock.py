@@ -9,7 +9,7 @@ from .._core.native import fail, ffi, lib
 from .._core.timeout import deadline_of, ns_left
 from .._core.wait import passed, thread_waiter
 from . import lockfile as _files
-from .errors import LockHeld, LockTimeout, NotHeld, ReentrantAcquire
+from .errors import LockHeld, LockTimeout, NotHeld
 from .lock_async import AsyncAcquire
 from .ownership import this_thread
 
@@ -82,10 +82,7 @@ class Lock(AsyncAcquire):
         """
         owner = this_thread.token
         if self._owner is owner:
-            raise ReentrantAcquire(
-                f"{self.path}: this thread already holds this Lock; pylock locks are "
-                "not reentrant (release it first, or use one Lock per thread)"
-            )
+            raise self._reentered("thread")
         if timeout is None or timeout == -1:
             deadline = None
         elif not blocking:

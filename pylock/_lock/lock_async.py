@@ -14,7 +14,6 @@ from .._core.native import fail, ffi, lib
 from .._core.timeout import deadline_of
 from .._core.wait import LoopWait, passed
 from . import lockfile as _files
-from .errors import ReentrantAcquire
 from .lockfile import LockFile
 from .ownership import acquires_for_awaiting_task, task_owner
 
@@ -40,20 +39,28 @@ class AsyncAcquire(LockFile):
         """
         owner = task_owner()
         if self._owner is owner:
-            raise ReentrantAcquire(
-                f"{self.path}: this task already holds this Lock; pylock locks are not reentrant"
-            )
+            raise self._reentered("task")
         deadline = deadline_of(timeout)
-        # Owned and given back as in Lock.acquire: a token named before the
-        # try, C calls that take it.
-        attempt = object()
+        attempt = object()  # named before the try, as in Lock.acquire
         token = id(attempt)
-        lf = self._lf
         waits: list[LoopWait] = []  # this attempt's kernel wait, which may outlive it
         try:
-            rc = _acquire(lf, token)
-            if rc:
-                await self._acquire_contended(rc, attempt, deadline, timeout, owner, waits)
+            rc = _acquire(self._lf, token)
+            if rc == lib.PL_E_BUSY or rc == errno.EBADF:
+                rc = await self._own_and_open(rc, token, deadline, timeout)
+            if rc:  # held (the wait returns into this frame: no other frame runs cold)
+                contended = rc == errno.EWOULDBLOCK
+                if contended and _files.observer is not None:
+                    _files.observer.conflicted(self)
+                while rc > 0:  # < 0: held, but the record could not be written
+                    if rc == errno.EWOULDBLOCK:
+                        rc = await self._wait_async(attempt, owner, deadline, timeout, waits)
+                    else:
+                        rc = self._retry_after(rc, token)
+                if contended and _files.observer is not None:
+                    _files.observer.waited(self)
+                if rc:
+                    self._warn_no_record(-rc)
             self._attempt = attempt
             self._owner = owner
         except BaseException:
@@ -62,12 +69,11 @@ class AsyncAcquire(LockFile):
                 if wait is not None:
                     wait.abandon()  # unless its thread has finished, on_orphan gives back
             finally:
-                # A subscript, not a call: nothing can land between it and the
-                # decision.  "task": the wait's thread settles (see _orphaned).
+                # A subscript (no call to land in) decides; "task": see _orphaned.
                 if wait is None or wait.decided["by"] != "task":
                     ring = 1
                     try:
-                        ring = _disown(lf, token, 1)
+                        ring = _disown(self._lf, token, 1)
                     finally:
                         if ring > 0:  # self._ring(), inlined
                             try:
@@ -82,43 +88,23 @@ class AsyncAcquire(LockFile):
             _files.event_log.acquired(self)
         return True
 
-    async def _acquire_contended(
-        self,
-        rc: int,
-        attempt: object,
-        deadline: float | None,
-        timeout: float | None,
-        owner: object,
-        waits: list[LoopWait],
-    ) -> None:
-        """Another attempt of this process owns the object, it is not open,
-        the lock is held, the file moved, or the record failed (rc < 0)."""
-        token = id(attempt)
+    async def _own_and_open(
+        self, rc: int, token: int, deadline: float | None, timeout: float | None
+    ) -> int:
+        """Another attempt of this process owns the object (PL_E_BUSY), or it
+        is not open yet (EBADF): wait for it, open it, and try again."""
         while rc == lib.PL_E_BUSY:
             await self._take_object_async(token, deadline, timeout)
             rc = _acquire(self._lf, token)
-        if rc == errno.EBADF:  # owned, not yet open
+        if rc == errno.EBADF:
             self._open()
             rc = _acquire(self._lf, token)
-        contended = rc == errno.EWOULDBLOCK
-        if _files.observer is not None and contended:
-            _files.observer.conflicted(self)
-        while rc > 0:  # < 0: held, but the record could not be written
-            if rc == errno.EWOULDBLOCK:
-                if passed(deadline):
-                    self._raise_held(True, timeout)
-                self._refuse_self_deadlock(owner)
-                rc = await self._wait_async(attempt, deadline, timeout, waits)
-            else:
-                rc = self._retry_after(rc, token)
-        if _files.observer is not None and contended:
-            _files.observer.waited(self)
-        if rc:
-            self._warn_no_record(-rc)
+        return int(rc)
 
     async def _wait_async(
         self,
         attempt: object,
+        owner: object,
         deadline: float | None,
         timeout: float | None,
         waits: list[LoopWait],
@@ -133,6 +119,9 @@ class AsyncAcquire(LockFile):
         import asyncio
         import contextlib
 
+        if passed(deadline):
+            self._raise_held(True, timeout)
+        self._refuse_self_deadlock(owner)
         lf, claimed = self._lf, ffi.new("int *")
 
         def wait_and_claim(waiter: Any, timeout_ns: int) -> int:

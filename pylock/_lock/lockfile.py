@@ -302,6 +302,12 @@ class LockFile(Owned):
 
     # -- what the acquisitions check -------------------------------------------
 
+    def _reentered(self, who: str) -> ReentrantAcquire:
+        return ReentrantAcquire(
+            f"{self.path}: this {who} already holds this Lock; pylock locks are "
+            f"not reentrant (release it first, or use one Lock per {who})"
+        )
+
     def _refuse_self_deadlock(self, owner: object) -> None:
         # Through the set's weak references, owner first: the WeakSet's own
         # iterator is slow with many open Lock objects (bench/README.md).

@@ -126,7 +126,9 @@ async def _one_after_another(make: Any, count: int) -> list[tuple[int, object]]:
 
 def test_a_new_task_with_a_reused_id_is_not_the_old_owner(new_lock: Callable[[], Any]) -> None:
     """A task that ended holding the lock still owns it: a later task, even
-    one at the ended task's address, must be told the lock is held."""
+    one at the ended task's address (one started after it, or one of many
+    started at once, which reuses freed addresses far more often), must be
+    told the lock is held."""
     lock = new_lock()
 
     async def nothing() -> None:
@@ -144,13 +146,24 @@ def test_a_new_task_with_a_reused_id_is_not_the_old_owner(new_lock: Callable[[],
 
     async def main() -> tuple[bool, set[object]]:
         await _one_after_another(nothing, 5)  # the allocator settles
-        # The control: here an ended task's id goes to a later task, so an
-        # owner known by its id would be mistaken for that task.
+        # The control: here an ended task's id goes to a later task (one
+        # started after it, or one of many started at once), so an owner
+        # known by its id would be mistaken for that task.
         (first_id, _), *later = await _one_after_another(nothing, 50)
         ids_reused = any(task_id == first_id for task_id, _ in later)
+        ((ended_id, _),) = await _one_after_another(nothing, 1)
+        crowd = [asyncio.ensure_future(nothing()) for _ in range(200)]
+        ids_reused = ids_reused or any(id(task) == ended_id for task in crowd)
+        await asyncio.gather(*crowd)
+        del crowd
+        await _forget_ended_tasks()
         await _one_after_another(hold, 1)
         assert lock.locked
-        return ids_reused, {outcome for _, outcome in await _one_after_another(acquire_now, 50)}
+        at_once = [asyncio.ensure_future(acquire_now()) for _ in range(200)]
+        outcomes = set(await asyncio.gather(*at_once))
+        del at_once
+        await _forget_ended_tasks()
+        return ids_reused, outcomes | {o for _, o in await _one_after_another(acquire_now, 50)}
 
     ids_reused, outcomes = asyncio.run(main())
     lock.release()

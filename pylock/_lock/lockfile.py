@@ -103,11 +103,6 @@ def file_key(lock: LockFile) -> tuple[int, int]:
     return lock._key
 
 
-def quiet_record_warning(lock: LockFile) -> None:
-    """Never warn that lock holds its file without a record (as flock(1) locks it)."""
-    lock._record_warned = True
-
-
 # Why a file could not be opened for writing though it may still be locked
 # read-only: another user's file, a read-only filesystem, a running program.
 _READ_ONLY_FALLBACK = (errno.EACCES, errno.EROFS, errno.EPERM, errno.ETXTBSY)
@@ -158,9 +153,9 @@ class LockFile(Owned):
         self._close_pending = False
 
     def fileno(self) -> int:
-        """The descriptor of the lock file, kept open between acquisitions (-1
-        while closed: before the first acquisition, after close(), in a
-        forked child).  It is pylock's: closing, locking or unlocking it
+        """The descriptor of the lock file (a HANDLE on Windows), kept open
+        between acquisitions (-1 while closed: before the first acquisition,
+        after close(), in a forked child).  It is pylock's: closing, locking or unlocking it
         breaks the lock; pass it on only to keep the lock held in a child."""
         return self._handle
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import sys as _sys
 
 from .._core.errors import LockError
 from .._core.native import fail, ffi, lib
@@ -231,6 +232,29 @@ class Lock(AsyncAcquire):
 
     # What async with calls on exit: release itself, with nothing to await.
     _release_in_task = release
+
+    # On the class: at interpreter exit a module's globals may be gone first.
+    _finalizing = staticmethod(_sys.is_finalizing)
+
+    def __del__(self) -> None:
+        # A held Lock dropped (a singleton() result not kept) releases the
+        # lock with its descriptor: said, as an unclosed file says it.  Not at
+        # interpreter exit, where a lock held to the end is what was meant;
+        # a forked child has forgotten its parent's locks (no owner).
+        if self._owner is not None and not self._finalizing():
+            import warnings
+
+            from .._core.display import display
+
+            warnings.warn(
+                f"pylock: Lock {display(self.path)} was collected while held, which "
+                "released the lock; keep a reference to it for as long as it must "
+                "be held (release() or close() it when done)",
+                ResourceWarning,
+                stacklevel=2,
+                source=self,
+            )
+        super().__del__()
 
     # -- diagnostics ------------------------------------------------------
 

@@ -8,10 +8,13 @@ hold itself (a clock reading when it takes the lock, another and two atomic
 adds when it releases it), so an uncontended acquire + release runs no
 Python for metrics (benchmarked in bench/daemon.py).  Conflicts and waits,
 on the contended path, are counted here.  Counters are kept per lock path
-(two Lock objects on one file are one lock), for this process only.  With
+(two Lock objects on one file are one lock), for this process only (a
+forked child starts from zero); closed locks' counters are bounded
+(CLOSED_LOCKS_KEPT).  With
 prometheus_client installed (the `metrics` extra), register() exposes them
 as pylock_lock_wait_seconds and pylock_lock_hold_seconds histograms and
-pylock_lock_conflicts_total, labelled by lock name (its path); the
+pylock_lock_conflicts_total, labelled by lock name (its path, escaped
+exactly: always UTF-8); the
 collector reads the counters at scrape time, so nothing is pushed on the
 lock's paths.
 """
@@ -19,13 +22,15 @@ lock's paths.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
+from ._core.display import escaped_exactly
 from ._core.native import ffi
-from ._lock.lockfile import current_observer, set_observer, timed_holds
+from ._lock.lockfile import current_observer, open_lock_paths, set_observer, timed_holds
 from ._lock.protocol import BUCKET_POWERS, BUCKETS, LockStats
 
 if TYPE_CHECKING:
@@ -57,6 +62,14 @@ class _Counters:
         self.holds.held_ns = 0
         self.holds.slots = [0] * _SLOTS
 
+    def add(self, other: _Counters) -> None:
+        """other's counts into these (other is no open lock file's)."""
+        self.conflicts += other.conflicts
+        self.wait_ns += other.wait_ns
+        self.wait_slots = [a + b for a, b in zip(self.wait_slots, other.wait_slots)]
+        self.holds.held_ns += other.holds.held_ns
+        self.holds.slots = [a + b for a, b in zip(self.holds.slots, other.holds.slots)]
+
 
 def _buckets(slots: list[int]) -> tuple[int, ...]:
     """Counts per bucket of BUCKETS (not cumulative; the last is +Inf)."""
@@ -69,16 +82,45 @@ def _buckets(slots: list[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
+# The counters of closed locks are kept for the CLOSED_LOCKS_KEPT paths most
+# recently observed that no open lock file uses (a process that locks a new
+# path per job must not grow without bound); older ones are added together
+# under the name CLOSED_LOCKS.  A lock file in use keeps its own counters.
+CLOSED_LOCKS_KEPT = 1000
+CLOSED_LOCKS = "(closed locks)"  # no lock path: every path is absolute
+
 _table: dict[str, _Counters] = {}
 _table_lock = threading.Lock()
+# The size of the table at which closed locks' counters are next folded.
+_fold_at = CLOSED_LOCKS_KEPT
 
 
 def _counters(path: str) -> _Counters:
     found = _table.get(path)
     if found is None:
         with _table_lock:
-            found = _table.setdefault(path, _Counters())
+            found = _table.get(path)
+            if found is None:
+                if len(_table) >= _fold_at:
+                    _fold_closed()
+                found = _table[path] = _Counters()
     return found
+
+
+def _fold_closed() -> None:
+    """Add the oldest closed locks' counters into CLOSED_LOCKS, keeping the
+    newest CLOSED_LOCKS_KEPT (the table's order is first observation)."""
+    global _fold_at
+    in_use = open_lock_paths()
+    closed = [p for p in _table if p not in in_use and p != CLOSED_LOCKS]
+    folded = closed[: max(0, len(closed) - CLOSED_LOCKS_KEPT)]
+    if folded:
+        into = _table.pop(CLOSED_LOCKS, None) or _Counters()
+        for path in folded:
+            into.add(_table.pop(path))
+        _table[CLOSED_LOCKS] = into
+    # Folding again only after as many new paths: each costs O(1) on average.
+    _fold_at = len(_table) + CLOSED_LOCKS_KEPT
 
 
 # -- what the locks tell the observer (on the contended path only) --------------
@@ -169,10 +211,33 @@ def enabled() -> bool:
 
 
 def reset() -> None:
-    """Forget every counter (locks held now count their hold from their next acquisition)."""
+    """Forget every counter, and every lock no open lock file uses (locks
+    held now count their hold from their next acquisition)."""
+    global _fold_at
     with _table_lock:
-        for counters in _table.values():
-            counters.clear()
+        in_use = open_lock_paths()
+        for path in list(_table):
+            if path in in_use:
+                _table[path].clear()
+            else:
+                del _table[path]
+        _fold_at = len(_table) + CLOSED_LOCKS_KEPT
+
+
+def _start_from_zero_after_fork() -> None:
+    """A forked child counts for itself (its lock files are forgotten): its
+    parent's counters are not its own.  The table's lock may have been held
+    by a parent's thread at the fork: a new one."""
+    global _table, _table_lock, _fold_at
+    _table = {}
+    _table_lock = threading.Lock()
+    _fold_at = CLOSED_LOCKS_KEPT
+    _waiting_since.clear()
+    _acquired_at.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_start_from_zero_after_fork)
 
 
 def _snapshot(name: str, c: _Counters) -> LockStats:
@@ -250,7 +315,9 @@ class PrometheusCollector:
             "Attempts to take a pylock lock that found it held",
             labels=["lock"],
         )
-        for name, s in sorted(snapshot().items()):
+        for path, s in sorted(snapshot().items()):
+            # A label value must be UTF-8: a path that is not has its bytes escaped.
+            name = escaped_exactly(path)
             wait.add_metric([name], _cumulative(s.wait_buckets), s.waited)
             hold.add_metric([name], _cumulative(s.hold_buckets), s.held)
             conflicts.add_metric([name], s.conflicts)

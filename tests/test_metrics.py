@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -257,3 +258,89 @@ def test_nothing_is_counted_while_disabled(tmp_path, observed):
     metrics.enable()
     stats = lock.stats
     assert stats.acquisitions == 1 and stats.releases == 1
+
+
+def test_closed_locks_counters_are_bounded_and_folded(tmp_path, observed, monkeypatch):
+    monkeypatch.setattr(metrics, "CLOSED_LOCKS_KEPT", 3)
+    monkeypatch.setattr(metrics, "_fold_at", 3)
+    kept_open = pylock.Lock(tmp_path / "open.lock")
+    kept_open.acquire()
+    kept_open.release()
+    for n in range(10):  # one-shot jobs: a new path each, closed after
+        job = pylock.Lock(tmp_path / f"job{n}.lock")
+        job.acquire()
+        job.release()
+        job.close()
+    table = metrics.snapshot()
+    # The open lock, at most 3 kept closed ones (the newest), and the rest
+    # folded, so nothing is lost from the total.
+    assert str(tmp_path / "open.lock") in table and str(tmp_path / "job9.lock") in table
+    assert str(tmp_path / "job0.lock") not in table
+    assert len(table) <= 1 + 3 + 1 + 3  # and one batch of new paths before a fold
+    folded = table[metrics.CLOSED_LOCKS]
+    assert folded.releases >= 10 - 3 - 3
+    assert metrics.total().releases == 11
+    assert kept_open.stats.releases == 1  # an open lock keeps its own counters
+
+
+def test_reset_forgets_the_locks_no_open_lock_uses(tmp_path, observed):
+    gone = pylock.Lock(tmp_path / "gone.lock")
+    gone.acquire()
+    gone.release()
+    gone.close()
+    kept = pylock.Lock(tmp_path / "kept.lock")
+    kept.acquire()
+    kept.release()
+    metrics.reset()
+    assert list(metrics.snapshot()) == [str(tmp_path / "kept.lock")]
+    assert kept.stats.releases == 0
+    kept.acquire()
+    kept.release()
+    assert kept.stats.releases == 1  # still timed into the table's counters
+
+
+def test_a_path_that_is_not_utf8_does_not_break_the_scrape(tmp_path, observed):
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/odd\xff\\x.lock")
+    plain = str(tmp_path / "plain.lock")
+    for path in (odd, plain):
+        lock = pylock.Lock(path)
+        lock.acquire()
+        lock.release()
+    registry = prometheus_client.CollectorRegistry()
+    metrics.register(registry)
+    text = prometheus_client.generate_latest(registry).decode()
+    labels = {
+        s.labels["lock"]
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if family.name == "pylock_lock_conflicts"
+    }
+    # The exact path's bytes, escaped so no two paths share a label.
+    assert labels == {plain, f"{tmp_path}/odd\\xff\\\\x.lock"}
+
+
+def test_a_forked_child_starts_from_zero(tmp_path, observed):
+    lock = pylock.Lock(tmp_path / "f.lock")
+    lock.acquire()
+    lock.release()
+    assert metrics.total().releases == 1
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it counts as its own, and exit
+        try:
+            before = metrics.total().releases, len(metrics.snapshot())
+            lock.acquire()
+            lock.release()
+            after = lock.stats.releases
+            os.write(write, f"{before[0]} {before[1]} {after}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        reported = pipe.read()
+    os.waitpid(pid, 0)
+    assert reported == "0 0 1"
+    assert metrics.total().releases == 1  # the parent's own, untouched

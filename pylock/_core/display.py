@@ -43,6 +43,25 @@ def display(text: str) -> str:
     return "".join(c if c.isprintable() else _escape(c) for c in text)
 
 
+def escaped_exactly(text: str) -> str:
+    """display(text) that can be undone: a backslash is doubled too, and \\xNN
+    is a byte (of a name that is not UTF-8, from 80 up), a character from
+    U+0080 up \\uNNNN or \\UNNNNNNNN, so each string has one escaped form
+    and the form names it.  Always valid UTF-8 (label values, for one)."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(
+        "\\\\" if c == "\\" else c if c.isprintable() else _escape_exactly(c) for c in text
+    )
+
+
+def _escape_exactly(char: str) -> str:
+    code = ord(char)
+    if 0x80 <= code <= 0xFF:  # not \\xNN: that is the byte of a name not UTF-8
+        return f"\\u{code:04x}"
+    return _escape(char)
+
+
 def shell_words(words: Sequence[str]) -> str:
     """A command line for one line of a message: escaped, each word at most
     40 characters, quoted when it holds spaces, the whole at most 80."""

@@ -79,13 +79,20 @@ def set_observer(new: LockObserver | None, *, log_events: bool = False) -> None:
     for lock in list(_open_locks):
         if new is None:
             lock._lf.holds = ffi.NULL
+            lock._holds = None
         else:
             lock._lf.held_since = 0
-            lock._lf.holds = new.holds_of(lock.path)
+            lock._holds = lock._lf.holds = new.holds_of(lock.path)
 
 
 def current_observer() -> LockObserver | None:
     return observer
+
+
+def open_lock_paths() -> set[str]:
+    """The paths of the lock files open in this process (an observer may
+    forget the others' counters)."""
+    return {lock.path for lock in list(_open_locks)}
 
 
 def timed_holds(path: str) -> int:
@@ -147,6 +154,7 @@ class LockFile(Owned):
             self._path_c = ffi.new("char[]", os.fsencode(self.path))
             self._lf.path = self._path_c
         self._head: Any = None  # keeps the C copy of the record's head alive
+        self._holds: Any = None  # keeps the pl_hold_stats the C core times into alive
         self._record_warned = False
         # close() found another attempt using the object: an abandoned
         # wait's thread closes the descriptor when it gives the object back.
@@ -190,7 +198,10 @@ class LockFile(Owned):
         self._key = (lf.st.dev, lf.st.ino)
         lf.record_size = 0  # a new descriptor, maybe a new file: look at it afresh
         lf.handle = handle
-        lf.holds = ffi.NULL if observer is None else observer.holds_of(self.path)
+        # Kept alive by this object too: the observer may forget a path's
+        # counters (a lock being opened is not yet one it sees open).
+        self._holds = ffi.NULL if observer is None else observer.holds_of(self.path)
+        lf.holds = self._holds
         self._handle = handle
         _open_locks.add(self)
         return handle

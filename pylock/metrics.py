@@ -85,7 +85,9 @@ def _buckets(slots: list[int]) -> tuple[int, ...]:
 # The counters of closed locks are kept for the CLOSED_LOCKS_KEPT paths most
 # recently observed that no open lock file uses (a process that locks a new
 # path per job must not grow without bound); older ones are added together
-# under the name CLOSED_LOCKS.  A lock file in use keeps its own counters.
+# under the name CLOSED_LOCKS once as many again are observed: besides the
+# open locks, at most 2 * CLOSED_LOCKS_KEPT + 1 paths.  A lock file in use
+# keeps its own counters.
 CLOSED_LOCKS_KEPT = 1000
 CLOSED_LOCKS = "(closed locks)"  # no lock path: every path is absolute
 

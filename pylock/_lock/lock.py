@@ -241,7 +241,8 @@ class Lock(AsyncAcquire):
         # lock with its descriptor: said, as an unclosed file says it.  Not at
         # interpreter exit, where a lock held to the end is what was meant;
         # a forked child has forgotten its parent's locks (no owner).
-        if self._owner is not None and not self._finalizing():
+        # (getattr: an object whose __init__ refused its arguments has no owner.)
+        if getattr(self, "_owner", None) is not None and not self._finalizing():
             import warnings
 
             from .._core.display import display

@@ -49,6 +49,16 @@ class FileLock(BaseFileLock):
                 "the lock under the holder); do that work after acquire() returns"
             )
 
+    def __del__(self) -> None:
+        # filelock gives back a lock dropped while held, without a word; the
+        # pylock.Lock underneath would otherwise warn of a dropped hold.
+        lock = self._pylock
+        if lock is not None and lock.locked:
+            try:
+                lock.release()
+            except Exception:  # nothing may escape a finalizer
+                pass
+
     # -- the pylock.Lock underneath ----------------------------------------
 
     def _lock_now(self) -> Lock:

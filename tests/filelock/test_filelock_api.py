@@ -231,3 +231,19 @@ def test_an_object_for_a_directory_fails_at_once_with_isadirectoryerror(tmp_path
     with pytest.raises(IsADirectoryError) as raised:
         FileLock(tmp_path).acquire(timeout=HANG)
     assert str(tmp_path) in str(raised.value)
+
+
+def test_a_held_lock_dropped_is_given_back_without_a_warning(path: str) -> None:
+    """filelock releases a FileLock collected while held, silently; the front
+    does the same (the pylock.Lock beneath it must not warn of a lost hold)."""
+    import gc
+    import warnings
+
+    lock = FileLock(path)
+    lock.acquire()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del lock
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+    assert free_elsewhere(path), "the dropped lock was not given back"

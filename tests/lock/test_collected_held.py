@@ -93,3 +93,26 @@ def test_a_lock_held_until_exit_says_nothing(tmp_path):
         check=True,
     )
     assert out.stderr == ""
+
+
+def test_a_lock_whose_construction_failed_is_collected_without_an_error() -> None:
+    """A Lock that refused its arguments still goes through __del__: it must
+    say nothing (there is no hold) and raise nothing."""
+    import gc
+    import sys
+
+    import pylock
+
+    seen: list[object] = []
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(pylock.LockFileError):
+                pylock.Lock("")
+            gc.collect()
+    finally:
+        sys.unraisablehook = old_hook
+    assert seen == []
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []

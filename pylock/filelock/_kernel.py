@@ -4,6 +4,7 @@ holder, and holder() and pylock.holder_exit() work on it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -54,10 +55,8 @@ class FileLock(BaseFileLock):
         # pylock.Lock underneath would otherwise warn of a dropped hold.
         lock = self._pylock
         if lock is not None and lock.locked:
-            try:
+            with contextlib.suppress(Exception):  # nothing may escape a finalizer
                 lock.release()
-            except Exception:  # nothing may escape a finalizer
-                pass
 
     # -- the pylock.Lock underneath ----------------------------------------
 

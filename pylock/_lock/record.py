@@ -53,6 +53,17 @@ def program_argv() -> list[str]:
     return list(cmdline("self") or (sys.executable, *sys.argv))
 
 
+def program_fields() -> dict[str, Any]:
+    """host, program and argv of this process, as a record carries them."""
+    argv = program_argv()
+    return {
+        "host": hostname(),
+        "program": os.path.basename(argv[0])[:_MAX_TEXT] if argv else "",
+        # Within the reader's bounds, or readers would drop the whole argv.
+        "argv": [arg[:_MAX_TEXT] for arg in argv[:_MAX_ARGV]],
+    }
+
+
 def check_info(info: dict[str, Any] | None) -> None:
     """Refuse an info the record could not carry: not JSON, or too big."""
     if info is None:
@@ -82,16 +93,12 @@ class RecordTemplate:
     __slots__ = ("head", "head_crc")
 
     def __init__(self, identity: Any, info: dict[str, Any] | None) -> None:
-        argv = program_argv()
         fields: dict[str, Any] = {
             "pid": identity.pid,
             "start_time": identity.start_time,
             "boot_id": identity.boot_id,
             "pidfs_ino": identity.pidfs_ino,
-            "host": hostname(),
-            "program": os.path.basename(argv[0])[:_MAX_TEXT] if argv else "",
-            # Within the reader's bounds, or readers would drop the whole argv.
-            "argv": [arg[:_MAX_TEXT] for arg in argv[:_MAX_ARGV]],
+            **program_fields(),
         }
         if info is not None:
             check_info(info)
@@ -169,6 +176,17 @@ def parse(raw: bytes) -> dict[str, Any] | None:
     length, crc = int(length_text), int(crc_text, 16)
     payload = raw[end + 1 : end + 1 + length]
     if len(payload) != length or zlib.crc32(payload) != crc:
+        return None
+    return parse_payload(payload)
+
+
+def parse_payload(payload: bytes) -> dict[str, Any] | None:
+    """The record in a JSON payload (a lock file's, past its header; an etcd
+    lock key's value), or None: any bytes at all give a record or None, never
+    an exception.  At most MAX_RECORD bytes are parsed, nesting deeper than
+    Python's recursion limit is refused, and only the known fields of their
+    documented type and within bounds are kept (pid is required)."""
+    if not isinstance(payload, bytes) or len(payload) > MAX_RECORD:
         return None
     import json
 

@@ -34,10 +34,8 @@ class Unavailable(Exception):
 def _lock(endpoints: str, name: str, ttl: int, info: dict[str, Any] | None = None) -> Any:
     try:
         from ..etcd import EtcdLock
-    except ImportError as exc:
-        raise Unavailable(
-            f"--etcd needs the etcd extra (pip install 'pylock-kernel[etcd]'): {exc}"
-        ) from None
+    except ImportError as exc:  # pylock.etcd says what to install
+        raise Unavailable(f"--etcd: {exc}") from None
     try:
         return EtcdLock(name, endpoints=endpoints, ttl=ttl, info=info)
     except ValueError as exc:

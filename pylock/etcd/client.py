@@ -6,7 +6,7 @@ the caller's timeout, never a hang.  The channel names every endpoint
 (gRPC's pick_first): when the member it talks to dies, the next call goes to
 another one.
 
-The channels are used on pylock's etcd thread only (_etcd_loop.py).
+The channels are used on pylock's etcd thread only (loop.py).
 """
 
 from __future__ import annotations
@@ -26,37 +26,13 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 from aetcd import rpc
 
 from .._core.errors import LockError
+from .errors import EtcdRefused, EtcdUnavailable
 
 T = TypeVar("T")
 
 # No single request may take longer than this, whatever the caller's timeout:
 # a cluster that cannot answer a lease grant in 5 s is not one to lock on.
 REQUEST_TIMEOUT = 5.0
-
-
-class EtcdUnavailable(LockError, ConnectionError):
-    """etcd could not be reached, or did not answer in time."""
-
-    def __init__(self, endpoints: Sequence[str], detail: str):
-        self.endpoints = tuple(endpoints)
-        super().__init__(
-            f"etcd at {','.join(endpoints)} is unreachable ({detail}); check that etcd runs "
-            "there and that this host can reach it (etcdctl --endpoints ... endpoint health)"
-        )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_unavailable, (self.endpoints, str(self)))
-
-
-def _rebuild_unavailable(endpoints: tuple[str, ...], message: str) -> EtcdUnavailable:
-    exc = EtcdUnavailable.__new__(EtcdUnavailable)
-    exc.endpoints = endpoints
-    LockError.__init__(exc, message)
-    return exc
-
-
-class EtcdRefused(LockError):
-    """etcd answered but refused the request (bad argument, no permission): retrying won't help."""
 
 
 def normalize_endpoints(endpoints: str | Sequence[str]) -> tuple[str, ...]:
@@ -110,6 +86,11 @@ class Cluster:
         detail = error.details() if isinstance(error, rpc.AioRpcError) else str(error)
         return EtcdUnavailable(self.endpoints, (detail or type(error).__name__).splitlines()[0])
 
+    def connected(self) -> bool:
+        """Whether the channel has a connection to a member (its requests reach etcd)."""
+        state = self.channel.get_state(try_to_connect=False)
+        return getattr(state, "name", "") == "READY"  # grpc.ChannelConnectivity
+
     async def call(
         self, method: Callable[..., Awaitable[T]], request: Any, deadline: float | None
     ) -> T:
@@ -120,31 +101,49 @@ class Cluster:
         try:
             return await method(request, timeout=min(wait, REQUEST_TIMEOUT))
         except rpc.AioRpcError as exc:
-            raise self.translate(exc, deadline if wait <= REQUEST_TIMEOUT else None) from None
+            caller_deadline = deadline if wait <= REQUEST_TIMEOUT else None
+            raise self.translate(exc, caller_deadline, request) from None
 
-    def translate(self, exc: Any, deadline: float | None) -> BaseException:
+    def translate(self, exc: Any, deadline: float | None, request: Any = None) -> BaseException:
         """deadline: the caller's, when it was the gRPC call's own deadline."""
-        code = exc.code()
+        code, details = exc.code(), exc.details() or ""
+        where = f"etcd at {','.join(self.endpoints)}"
         if code == rpc.StatusCode.DEADLINE_EXCEEDED and deadline is not None:
             return DeadlinePassed()
+        if code == rpc.StatusCode.FAILED_PRECONDITION and "lease already exists" in details:
+            return LeaseExists()
+        if code == rpc.StatusCode.RESOURCE_EXHAUSTED or "request is too large" in details:
+            return too_much(self.endpoints, details, request)
         if code in (
             rpc.StatusCode.INVALID_ARGUMENT,
             rpc.StatusCode.PERMISSION_DENIED,
             rpc.StatusCode.UNAUTHENTICATED,
             rpc.StatusCode.FAILED_PRECONDITION,
             rpc.StatusCode.NOT_FOUND,  # a lease that expired already
+            rpc.StatusCode.OUT_OF_RANGE,
         ):
-            return EtcdRefused(f"etcd at {','.join(self.endpoints)} refused: {exc.details()}")
+            return EtcdRefused(f"{where} refused the request: {details}")
         return self.unavailable(exc)
 
-    async def grant(self, ttl: int, deadline: float | None) -> tuple[int, int]:
-        reply = await self.call(self.lease.LeaseGrant, rpc.LeaseGrantRequest(TTL=ttl), deadline)
-        return int(reply.ID), int(reply.TTL)
+    async def grant(self, lease: int, ttl: int) -> int:
+        """Grant the lease ID chosen by the caller; its TTL (etcd may raise it to its minimum).
+
+        Its only deadline is the request limit: a grant that has left is
+        waited for, so that it can be revoked once it lands (recipe.py)."""
+        request = rpc.LeaseGrantRequest(ID=lease, TTL=ttl)
+        reply = await self.call(self.lease.LeaseGrant, request, None)
+        return int(reply.TTL)
 
     async def revoke(self, lease: int) -> None:
         # Refused when already expired: the keys are gone, which is all a revoke is for.
         with contextlib.suppress(EtcdRefused):
             await self.call(self.lease.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease), None)
+
+    async def time_to_live(self, lease: int, deadline: float | None) -> tuple[int, int]:
+        """(seconds left, TTL granted) of a lease; (-1, 0) when it has expired."""
+        request = rpc.LeaseTimeToLiveRequest(ID=lease)
+        reply = await self.call(self.lease.LeaseTimeToLive, request, deadline)
+        return int(reply.TTL), int(reply.grantedTTL)
 
     async def refresh(self, lease: int, deadline: float) -> int:
         """One keep-alive; the lease's remaining TTL (0: it has expired)."""
@@ -160,18 +159,23 @@ class Cluster:
             raise self.translate(exc, None) from None
         raise self.unavailable(RuntimeError("keep-alive stream closed without a reply"))
 
-    async def create(self, key: bytes, value: bytes, lease: int, deadline: float | None) -> int:
-        """Put key bound to lease if it does not exist; its creation revision."""
+    async def create(
+        self, key: bytes, value: bytes, lease: int, prefix: bytes, deadline: float | None
+    ) -> tuple[int, Any]:
+        """Put key bound to lease if it does not exist, and read the lock's oldest
+        key in the same transaction (the recipe's one round trip when the lock
+        is free): the key's creation revision, and the oldest key."""
         absent = rpc.Compare(
             result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=0
         )
         put = rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
+        oldest = rpc.RequestOp(request_range=_oldest(prefix))
         reply = await self.call(
-            self.kv.Txn, rpc.TxnRequest(compare=[absent], success=[put]), deadline
+            self.kv.Txn, rpc.TxnRequest(compare=[absent], success=[put, oldest]), deadline
         )
         if not reply.succeeded:
             raise EtcdRefused(f"etcd key {key!r} exists already: two acquisitions shared a lease")
-        return int(reply.header.revision)
+        return int(reply.header.revision), reply.responses[1].response_range.kvs[0]
 
     async def predecessor(
         self, prefix: bytes, key: bytes, revision: int, deadline: float | None
@@ -204,23 +208,16 @@ class Cluster:
 
     async def first(self, prefix: bytes, deadline: float | None) -> tuple[Any | None, int]:
         """The oldest contender (the holder) and the revision read at."""
-        request = rpc.RangeRequest(
-            key=prefix,
-            range_end=prefix_end(prefix),
-            sort_order=rpc.RangeRequest.ASCEND,
-            sort_target=rpc.RangeRequest.CREATE,
-            limit=1,
-        )
-        reply = await self.call(self.kv.Range, request, deadline)
+        reply = await self.call(self.kv.Range, _oldest(prefix), deadline)
         return (reply.kvs[0] if reply.kvs else None), int(reply.header.revision)
 
     async def get(self, key: bytes, deadline: float | None) -> tuple[Any | None, int]:
         reply = await self.call(self.kv.Range, rpc.RangeRequest(key=key), deadline)
         return (reply.kvs[0] if reply.kvs else None), int(reply.header.revision)
 
-    async def deleted(self, key: bytes, after: int, deadline: float | None) -> bool:
-        """Wait until key is deleted at a revision after `after`: True, or False when
-        the revision was compacted (the caller must look again).
+    async def deleted(self, key: bytes, after: int, deadline: float | None) -> int:
+        """Wait until key is deleted at a revision after `after`: that revision, or
+        0 when the revisions were compacted (the caller must look again).
 
         The watch starts at after + 1, so a deletion between the caller's read
         and this watch is still seen: no gap, no polling.
@@ -238,14 +235,15 @@ class Cluster:
         # whose deadline passed with an unspecific "context deadline exceeded".
         call = self.watch.Watch(requests())
 
-        async def outcome() -> bool:
+        async def outcome() -> int:
             async for reply in call:
                 if reply.compact_revision:
-                    return False
-                if any(event.type == rpc.Event.DELETE for event in reply.events):
-                    return True
+                    return 0
+                for event in reply.events:
+                    if event.type == rpc.Event.DELETE:
+                        return max(1, int(event.kv.mod_revision))
                 if reply.canceled:
-                    return False
+                    return 0
             raise self.unavailable(RuntimeError("watch stream closed"))
 
         wait = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -262,6 +260,40 @@ class Cluster:
 
 class DeadlinePassed(Exception):
     """The caller's deadline passed during a request (becomes LockTimeout or TimeoutError)."""
+
+
+class LeaseExists(Exception):
+    """The lease ID chosen for a grant is taken already: choose another."""
+
+
+def too_much(endpoints: tuple[str, ...], details: str, request: Any) -> LockError:
+    """A request larger than etcd takes, or etcd out of space: never an outage."""
+    where = f"etcd at {','.join(endpoints)}"
+    if "space exceeded" in details:
+        return EtcdRefused(
+            f"{where} refused the request: its database is full ({details}); its "
+            "--quota-backend-bytes limit was reached: an administrator must compact, "
+            "defragment and disarm the NOSPACE alarm (etcdctl alarm disarm)"
+        )
+    if "too many requests" in details:  # overloaded: worth another try later
+        return EtcdUnavailable(endpoints, details)
+    size = f"of {request.ByteSize()} bytes " if hasattr(request, "ByteSize") else ""
+    return EtcdRefused(
+        f"{where} refused a request {size}as larger than it accepts ({details}): etcd "
+        "takes requests up to its --max-request-bytes (1.5 MiB unless configured) and "
+        "gRPC messages up to 2 MiB: use a shorter lock name or a smaller info"
+    )
+
+
+def _oldest(prefix: bytes) -> Any:
+    """The key under prefix with the lowest creation revision (the holder)."""
+    return rpc.RangeRequest(
+        key=prefix,
+        range_end=prefix_end(prefix),
+        sort_order=rpc.RangeRequest.ASCEND,
+        sort_target=rpc.RangeRequest.CREATE,
+        limit=1,
+    )
 
 
 def prefix_end(prefix: bytes) -> bytes:

@@ -1,4 +1,10 @@
-"""The holder of an etcd lock: its key's value explains, the key's existence decides.
+"""The holder of an etcd lock: its key decides, its key's value explains.
+
+The value comes from whoever could write the key, so it is read by the same
+bounded, validating reader as a lock file's record (pylock._lock.record):
+any bytes give a record or none, never an exception.  A key that holds no
+pylock record (etcdctl lock and Go's concurrency.Mutex write an empty value)
+is named for what etcd shows of it: key, lease, creation revision.
 
 This module never imports the etcd client, so pylock's exit-watching code
 can recognise an EtcdHolder without loading gRPC.
@@ -13,44 +19,46 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .._core.display import display
 from .._lock.holder import Holder
-from .._lock.record import hostname, program_argv
-
-RECORD_VERSION = 1
+from .._lock.record import parse_payload, program_fields
 
 
-def encode_record(info: dict[str, Any] | None, lease: int, ttl: int) -> bytes:
-    """This process as the value of its contender key."""
-    argv = program_argv()
-    record = {
-        "v": RECORD_VERSION,
-        "pid": os.getpid(),
-        "host": hostname(),
-        "program": os.path.basename(argv[0]) if argv else "",
-        "argv": argv,
-        "acquired_at": time.time(),
-        "lease": lease,
-        "ttl": ttl,
-    }
+def encode_record(info: dict[str, Any] | None) -> bytes:
+    """This process as the value of its contender key: the fields of a lock
+    file's record, as JSON (etcdctl get shows it as it is)."""
+    record = {"pid": os.getpid(), **program_fields(), "acquired_at": time.time()}
     if info is not None:
         record["info"] = info
     return json.dumps(record, separators=(",", ":")).encode()
 
 
+def key_text(key: bytes) -> str:
+    """A key as messages show it: quoted, undecodable bytes and controls escaped."""
+    return "'" + display(key.decode("utf-8", "backslashreplace")) + "'"
+
+
 @dataclass(frozen=True)
 class EtcdHolder(Holder):
-    """The holder of an etcd lock, as its key's value names it.
+    """The holder of an etcd lock: the key with the lowest creation revision
+    under the lock's prefix, and what its value says of its process.
 
-    verified is always True: the key exists in etcd at `revision` and is bound
-    to a live lease, which is what holding means there.  pid and hostname are
-    the holder's own, on its own host.  fencing_token is the key's creation
-    revision, the same number the holder's EtcdLock.fencing_token shows.
+    verified is always True: the key exists in etcd at `revision`, which is
+    what holding means there (for a key bound to a lease, until the lease
+    ends).  pid, hostname and the rest come from the value, written by the
+    holder (pid 0 when the value is not a pylock record: etcdctl, a Go
+    service, another client of etcd's lock recipe).  fencing_token is the
+    key's creation revision, the same number the holder's
+    EtcdLock.fencing_token shows.  ttl and ttl_left are the lease's TTL and
+    the seconds it has left, as etcd said (0 and None when not known; a key
+    bound to no lease has lease 0 and stays until deleted).
     """
 
     name: str = ""
     key: bytes = b""
     lease: int = 0
     ttl: int = 0
+    ttl_left: int | None = None
     fencing_token: int = 0
     revision: int = 0  # the cluster revision at which this holder was read
     endpoints: tuple[str, ...] = ()
@@ -74,40 +82,56 @@ class EtcdHolder(Holder):
         return wait_deleted(self, timeout)
 
     def describe(self) -> str:
-        return (
-            f"{super().describe()} (etcd lease {self.lease:x}, fencing token {self.fencing_token})"
-        )
+        where = f"etcd key {key_text(self.key)}, {self._lease_text()}"
+        where += f", fencing token {self.fencing_token}"
+        if self.pid > 0:
+            return f"{super().describe()} ({where})"
+        return f"{where} [{display(self.note)}]" if self.note else where
+
+    def _lease_text(self) -> str:
+        if not self.lease:
+            return "bound to no lease (it stays until deleted)"
+        text = f"lease {self.lease:x}"
+        if self.ttl_left is None:
+            return text
+        if self.ttl_left < 0:
+            return f"{text} (expired: the key goes with it)"
+        return f"{text} ({self.ttl_left} s of its {self.ttl} s TTL left)"
 
 
-def decode_holder(name: str, kv: Any, revision: int, endpoints: tuple[str, ...]) -> EtcdHolder:
-    """The holder a contender key names; a value pylock cannot read still names the key."""
-    try:
-        rec = json.loads(bytes(kv.value))
-        if not isinstance(rec, dict):
-            raise ValueError
-    except ValueError:
-        rec = {}
+def decode_holder(
+    name: str,
+    kv: Any,
+    revision: int,
+    endpoints: tuple[str, ...],
+    lease_ttl: tuple[int, int] | None = None,
+) -> EtcdHolder:
+    """The holder a contender key names (lease_ttl: etcd's (left, granted) for
+    its lease, when asked); a value pylock cannot read still names the key."""
+    value = bytes(kv.value)
+    rec = parse_payload(value) or {}
     at = rec.get("acquired_at")
-    argv = rec.get("argv")
-    info = rec.get("info")
-    pid = rec.get("pid")
+    if rec:
+        note = ""
+    elif not value:
+        note = "no pylock record: etcdctl lock, Go's concurrency.Mutex or another etcd client"
+    else:
+        note = "its value is not a pylock record"
+    left, granted = lease_ttl if lease_ttl is not None else (None, 0)
     return EtcdHolder(
-        pid=pid if isinstance(pid, int) else 0,
-        hostname=str(rec.get("host", "")),
-        program=str(rec.get("program", "")),
-        argv=tuple(str(a) for a in argv) if isinstance(argv, list) else (),
-        acquired_at=(
-            _dt.datetime.fromtimestamp(at, _dt.timezone.utc)
-            if isinstance(at, (int, float))
-            else None
-        ),
-        info=info if isinstance(info, dict) else None,
+        pid=rec.get("pid", 0),
+        hostname=rec.get("host", ""),
+        program=rec.get("program", ""),
+        argv=tuple(rec.get("argv", ())),
+        acquired_at=None if at is None else _dt.datetime.fromtimestamp(at, _dt.timezone.utc),
+        info=rec.get("info"),
         verified=True,
-        note="" if rec else "the key's value is not a pylock record",
+        note=note,
         name=name,
         key=bytes(kv.key),
         lease=int(kv.lease),
-        ttl=int(rec.get("ttl", 0)) if isinstance(rec.get("ttl", 0), int) else 0,
+        ttl=granted,
+        ttl_left=left,
         fencing_token=int(kv.create_revision),
         revision=revision,
         endpoints=endpoints,

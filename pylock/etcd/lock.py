@@ -1,53 +1,48 @@
 """EtcdLock: the same lock as pylock.Lock, held in an etcd cluster instead of a file.
 
-etcd's own mutex recipe: every contender creates a key under the lock's
-prefix, bound to its lease; the key with the lowest creation revision holds
-the lock; each waiter watches only the key created just before its own, from
-the revision it read it at, so a release or an expiry wakes exactly the next
-waiter, and nobody polls.
+The lock is etcd's own recipe (recipe.py), with its keys: `EtcdLock(name)`
+is the lock `etcdctl lock name` and Go's concurrency.NewMutex(session, name)
+take.  This module is the lock object: which thread or task uses it, and
+the session it holds.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
-import time
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
-from urllib.parse import quote
 
+from .._core.errors import LockError
 from .._core.native import lib
 from .._core.timeout import check_timeout, deadline_of
 from .._lock.errors import LockHeld, LockTimeout, NotHeld, ReentrantAcquire
 from .._lock.ownership import Owned, acquires_for_awaiting_task, task_owner, this_thread
 from .._lock.record import check_info
-from .client import (
-    REQUEST_TIMEOUT,
-    Cluster,
-    DeadlinePassed,
-    EtcdUnavailable,
-    normalize_endpoints,
-)
-from .holder import EtcdHolder, decode_holder, encode_record
+from .client import normalize_endpoints
+from .holder import EtcdHolder, encode_record
 from .loop import etcd_loop, run_async, run_blocking
-from .session import RETRY_DELAY, Session
+from .recipe import Attempt, Queue, contend
+from .session import Session
 
 log = logging.getLogger("pylock")
-
-# How long naming the holder in a LockHeld/LockTimeout may take, at most.
-_NAMING_TIME = 1.0
 
 
 class EtcdLock(Owned):
     """A lock named `name` in the etcd cluster at `endpoints`, with Lock's interface.
 
+    It is etcd's lock recipe with its own keys (`namespace + name + "/"` and
+    the lease ID in hex), so it excludes and queues with `etcdctl lock` and
+    Go's concurrency.Mutex of the same name; namespace is a key prefix, as
+    etcd's namespace client has it ("" by default: see the README).
+
     Holding it means owning the oldest key under the lock's prefix, bound to
-    a lease this process keeps alive in pylock's etcd thread.  If that lease
-    is lost while held (the process paused or was cut off for a whole TTL,
-    etcd expired it), `lost` turns True and `on_lost(lock)` is called once,
-    from a worker thread: another holder may already own the lock, so the
-    protected resource must check `fencing_token` (see the README).
+    a lease this process keeps alive in pylock's etcd thread.  If the hold
+    is lost (the process paused or was cut off for a whole TTL, etcd expired
+    the lease, another client deleted the key), `lost` turns True and
+    `on_lost(lock)` is called once, from a worker thread: another holder may
+    already own the lock, so the protected resource must check
+    `fencing_token` (see the README).
     """
 
     def __init__(
@@ -58,20 +53,26 @@ class EtcdLock(Owned):
         ttl: int = 10,
         info: dict[str, Any] | None = None,
         on_lost: Callable[[EtcdLock], None] | None = None,
+        namespace: str = "",
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"an etcd lock needs a non-empty name, not {name!r}")
+        if not isinstance(namespace, str):
+            raise TypeError(f"namespace is a str (a key prefix), not {type(namespace).__name__}")
         if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
             raise ValueError(f"ttl is whole seconds, at least 1, not {ttl!r}")
         check_info(info)
         self.name = name
+        self.namespace = namespace
         self.endpoints = normalize_endpoints(endpoints)
         self.ttl = ttl
         self.on_lost = on_lost
         self._info = info
-        # Quoted, so that lock "a" never sees the keys of lock "a/b".
-        self._prefix = b"pylock/lock/" + quote(name, safe="").encode() + b"/"
-        self.path = f"etcd://{','.join(self.endpoints)}/{name}"
+        full = namespace + name
+        self.path = f"etcd://{','.join(self.endpoints)}/{full}"
+        # The recipe's prefix, byte for byte as Go spells the same string.
+        prefix = full.encode("utf-8", "surrogateescape") + b"/"
+        self._queue = Queue(full, self.path, prefix, self.endpoints)
         # One attempt at a time uses this object, as a Lock: the C core's
         # owner word (in a pl_lockfile without a file), the holder kept alive.
         super().__init__()
@@ -116,9 +117,12 @@ class EtcdLock(Owned):
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take the lock, waiting (by a watch) for the holders before us.
 
-        Raises LockHeld (blocking=False and held), LockTimeout, ReentrantAcquire,
-        EtcdUnavailable when etcd cannot be reached (within the timeout, or
-        within pylock's 5 s request limit when waiting longer).
+        timeout=0 is one try, as for Lock.  Raises LockHeld (blocking=False and
+        held), LockTimeout (EtcdTimeout when etcd had not answered by then),
+        ReentrantAcquire, EtcdUnavailable when etcd cannot be reached (within
+        the timeout, or within pylock's 5 s request limit when waiting
+        longer), EtcdRefused, EtcdLost when this waiter's key or lease went
+        away before its turn.
         """
         owner = this_thread.token
         if self._owner is owner and self.locked:
@@ -143,7 +147,8 @@ class EtcdLock(Owned):
         try:
             if not self._own(token):
                 self._take_object(token, blocking, deadline, timeout, waited)
-            session = run_blocking(self._contend(blocking, deadline, timeout, attempt, won))
+            asked = self._attempt_of(attempt, blocking, deadline, timeout)
+            session = run_blocking(contend(self._queue, asked, won))
             self._hold(session, owner)
             self._attempt = attempt
         except BaseException:
@@ -168,13 +173,33 @@ class EtcdLock(Owned):
         try:
             if not self._own(token):
                 await self._take_object_async(token, deadline, timeout)
-            session = await run_async(self._contend(True, deadline, timeout, attempt, won))
+            asked = self._attempt_of(attempt, True, deadline, timeout)
+            session = await run_async(contend(self._queue, asked, won))
             self._hold(session, owner)
             self._attempt = attempt
         except BaseException:
             self._give_back(attempt, won, False)
             raise
         return True
+
+    def _attempt_of(
+        self, attempt: object, blocking: bool, deadline: float | None, timeout: float | None
+    ) -> Attempt:
+        """What the etcd thread is asked.  timeout=0 is a try: one round of
+        requests (each within the request limit) that raises LockTimeout
+        when held, as Lock's does."""
+        owned_by, token = self._owned_by, id(attempt)
+        try_once = timeout == 0
+        return Attempt(
+            blocking=blocking and not try_once,
+            deadline=None if try_once else deadline,
+            timeout=timeout,
+            value=encode_record(self._info),
+            ttl=self.ttl,
+            # Kept alive while the object is owned by this attempt (which the
+            # closure keeps alive, so that its id names nobody else).
+            wanted=lambda: owned_by(token) and attempt is not None,
+        )
 
     def _give_back(self, attempt: object, won: list[Session], waited: bool) -> None:
         """An acquisition that raises holds nothing.  The first call gives the
@@ -197,9 +222,15 @@ class EtcdLock(Owned):
                 self._ring()
 
     def _raise_held(self, blocking: bool, timeout: float | None) -> NoReturn:
+        # Another attempt of this process uses the object; naming the holder
+        # is best-effort and never replaces the answer.
+        try:
+            holder = self.holder()
+        except LockError:
+            holder = None
         if blocking:
-            raise LockTimeout(self.path, self.holder(), timeout or 0.0)
-        raise LockHeld(self.path, self.holder())
+            raise LockTimeout(self.path, holder, timeout or 0.0)
+        raise LockHeld(self.path, holder)
 
     def _hold(self, session: Session, owner: object) -> None:
         self._session = session
@@ -224,79 +255,6 @@ class EtcdLock(Owned):
             callback(self)
         except Exception:
             log.exception("pylock: the on_lost callback of %s raised", self.path)
-
-    async def _contend(
-        self,
-        blocking: bool,
-        deadline: float | None,
-        timeout: float | None,
-        attempt: object,
-        won: list[Session],
-    ) -> Session:
-        """Runs on the etcd loop: create our key, wait for our turn, return the session."""
-        cluster = etcd_loop().cluster(self.endpoints)
-        try:
-            started = time.monotonic()
-            lease, ttl = await cluster.grant(self.ttl, deadline)
-        except DeadlinePassed:
-            raise EtcdUnavailable(self.endpoints, f"no answer within {timeout:g} s") from None
-        key = self._prefix + f"{lease:016x}".encode()
-        session = Session(cluster, key, lease, ttl, started + ttl)
-        owned_by, token = self._owned_by, id(attempt)
-        # Kept alive while the object is owned by this attempt (which the
-        # closure keeps alive, so that its id names nobody else).
-        session.wanted = lambda: owned_by(token) and attempt is not None
-        session.start()
-        try:
-            value = encode_record(self._info, lease, ttl)
-            session.revision = await cluster.create(key, value, lease, deadline)
-            await self._wait_turn(cluster, session, blocking, deadline)
-            won.append(session)  # no await follows: nothing can cancel it now
-        except DeadlinePassed:
-            await session.end()
-            holder = await self._find(cluster, time.monotonic() + _NAMING_TIME)
-            raise LockTimeout(self.path, holder, timeout or 0.0) from None
-        except BaseException:
-            await session.end()
-            raise
-        return session
-
-    async def _wait_turn(
-        self, cluster: Cluster, session: Session, blocking: bool, deadline: float | None
-    ) -> None:
-        while True:
-            if session.lost:
-                raise EtcdUnavailable(
-                    self.endpoints, f"this waiter's lease was lost: {session.lost_reason}"
-                )
-            try:
-                found = await cluster.predecessor(
-                    self._prefix, session.key, session.revision, deadline
-                )
-                if found is None:
-                    break
-                before, revision = found
-                if before is None:
-                    return
-                if not blocking:
-                    holder = await self._find(cluster, time.monotonic() + _NAMING_TIME)
-                    raise LockHeld(self.path, holder)
-                await cluster.deleted(bytes(before.key), revision, deadline)
-            except EtcdUnavailable:
-                # The member we talked to went away.  Another may answer: try
-                # again until the lease is lost (no keep-alive confirmed for a
-                # whole TTL), which bounds the wait when the cluster is gone.
-                if session.lost:
-                    raise
-                await asyncio.sleep(RETRY_DELAY)
-        raise EtcdUnavailable(self.endpoints, "this waiter's lease expired while it waited")
-
-    async def _find(self, cluster: Cluster, deadline: float | None) -> EtcdHolder | None:
-        try:
-            kv, revision = await cluster.first(self._prefix, deadline)
-        except (DeadlinePassed, EtcdUnavailable):
-            return None
-        return None if kv is None else decode_holder(self.name, kv, revision, self.endpoints)
 
     # -- releasing -----------------------------------------------------------
 
@@ -344,13 +302,9 @@ class EtcdLock(Owned):
     # -- diagnostics ---------------------------------------------------------
 
     def holder(self) -> EtcdHolder | None:
-        """Who holds the lock now (maybe this process), read from etcd; None when free."""
-        return run_blocking(self._holder_now())
-
-    async def _holder_now(self) -> EtcdHolder | None:
-        cluster = etcd_loop().cluster(self.endpoints)
-        kv, revision = await cluster.first(self._prefix, time.monotonic() + REQUEST_TIMEOUT)
-        return None if kv is None else decode_holder(self.name, kv, revision, self.endpoints)
+        """Who holds the lock now (maybe this process, maybe etcdctl or a Go
+        service), read from etcd with its lease's TTL; None when free."""
+        return run_blocking(self._queue.holder(None))
 
     def _release_in_task(self) -> Coroutine[Any, Any, None]:
         return self.release_async()

@@ -16,7 +16,8 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from .client import REQUEST_TIMEOUT, Cluster, EtcdRefused
+from .client import REQUEST_TIMEOUT, Cluster
+from .errors import EtcdRefused
 
 T = TypeVar("T")
 

@@ -122,7 +122,7 @@ def contenders(endpoints: str, name: str, at_least: int, timeout: float = 30.0) 
     from pylock.etcd.lock import EtcdLock
     from pylock.etcd.loop import etcd_loop, run_blocking
 
-    prefix = EtcdLock(name, endpoints=endpoints)._prefix
+    prefix = EtcdLock(name, endpoints=endpoints)._queue.prefix
 
     async def watch() -> int:
         cluster = etcd_loop().cluster(normalize_endpoints(endpoints))

@@ -1,5 +1,6 @@
 """The etcd tests' harness: which etcd they use, and EtcdLock seen from outside
-(a child process holding one, the contenders queued in etcd).
+(a child process holding one, the contenders queued in etcd, `etcdctl lock`
+holders and waiters, the leases etcd keeps).
 
 The tests start their own etcd (tests/support/etcd.py), so ``pytest tests``
 needs nothing running.  Without the etcd binary or the `etcd` extra the etcd
@@ -10,8 +11,13 @@ which turns that skip into a failure: CI never skips them.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -20,8 +26,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.children import Script
+from tests.support.children import Child, Script
 from tests.support.etcd import EtcdCluster, etcd_available
+
+ETCDCTL = shutil.which("etcdctl") or "/usr/bin/etcdctl"
 
 
 def _missing() -> str | None:
@@ -36,8 +44,12 @@ def _missing() -> str | None:
     return None
 
 
-def require_etcd() -> None:
+def require_etcd(etcdctl: bool = False) -> None:
+    """Skip (or fail, under PYLOCK_REQUIRE_ETCD=1) without etcd, the extra, or
+    with etcdctl=True Debian's etcd-client."""
     reason = _missing()
+    if reason is None and etcdctl and not os.access(ETCDCTL, os.X_OK):
+        reason = "no etcdctl (apt-get install etcd-client)"
     if reason is None:
         return
     if os.environ.get("PYLOCK_REQUIRE_ETCD") == "1":
@@ -101,6 +113,14 @@ HOLDER = textwrap.dedent(
 )
 
 
+def etcd_lock(cluster: Any, name: str, **options: Any) -> Any:
+    """An EtcdLock on the test cluster, with etcd's shortest TTL unless told."""
+    from pylock.etcd import EtcdLock
+
+    options.setdefault("ttl", 2)
+    return EtcdLock(name, endpoints=cluster.endpoint_list, **options)
+
+
 def holder_process(endpoints: str, name: str, ttl: int = 2) -> Script:
     child = Script(HOLDER, endpoints, name, str(ttl))
     child.expect("ready")
@@ -113,16 +133,23 @@ def expect_line(child: Script, prefix: str, within: float = 60.0) -> str:
     return child.expect(prefix, within=within)
 
 
-def contenders(endpoints: str, name: str, at_least: int, timeout: float = 30.0) -> int:
+def recipe_prefix(name: str, namespace: str = "") -> bytes:
+    """The keys etcd's lock recipe queues NAME under (etcdctl's, Go's), spelled
+    here on their own: the tests hold pylock to them."""
+    return (namespace + name).encode() + b"/"
+
+
+def contenders(
+    endpoints: str, name: str, at_least: int, timeout: float = 30.0, namespace: str = ""
+) -> int:
     """Wait, by an etcd watch on the lock's prefix, until at_least contenders
     have their keys in the queue; their number."""
     from aetcd import rpc
 
     from pylock.etcd.client import normalize_endpoints, prefix_end
-    from pylock.etcd.lock import EtcdLock
     from pylock.etcd.loop import etcd_loop, run_blocking
 
-    prefix = EtcdLock(name, endpoints=endpoints)._queue.prefix
+    prefix = recipe_prefix(name, namespace)
 
     async def watch() -> int:
         cluster = etcd_loop().cluster(normalize_endpoints(endpoints))
@@ -154,3 +181,70 @@ def contenders(endpoints: str, name: str, at_least: int, timeout: float = 30.0) 
                 call.cancel()
 
     return run_blocking(watch())
+
+
+# -- etcd's own tools ---------------------------------------------------------------
+
+
+def etcdctl(endpoints: str, *args: str, **popen: Any) -> subprocess.CompletedProcess[str]:
+    """etcdctl ARGS against the cluster (v3 API), checked."""
+    return subprocess.run(
+        [ETCDCTL, "--endpoints", endpoints, *args],
+        env=dict(os.environ, ETCDCTL_API="3"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        **popen,
+    )
+
+
+def leases(endpoints: str) -> set[int]:
+    """The IDs of every lease etcd keeps now (etcdctl lease list)."""
+    lines = etcdctl(endpoints, "lease", "list").stdout.splitlines()
+    return {int(line, 16) for line in lines[1:] if line.strip()}  # after "found N leases"
+
+
+def keys(endpoints: str, prefix: bytes) -> list[tuple[bytes, int, int]]:
+    """(key, lease, create revision) of every key under prefix, oldest first."""
+    done = etcdctl(endpoints, "get", "--prefix", os.fsdecode(prefix), "-w", "json")
+    found = [
+        (base64.b64decode(kv["key"]), int(kv.get("lease", 0)), int(kv["create_revision"]))
+        for kv in json.loads(done.stdout).get("kvs", [])
+    ]
+    return sorted(found, key=lambda item: item[2])
+
+
+class EtcdctlLock(Child):
+    """`etcdctl lock NAME -- sh ...`: etcd's own lock tool holding the lock for
+    as long as its command runs.  The command prints "locked KEY REV PID" once
+    etcdctl holds (REV: the revision etcdctl acquired at, ETCD_LOCK_REV) and
+    sleeps; unlock() ends it, and etcdctl deletes its key.  Killing etcdctl
+    itself (SIGKILL) leaves its key until its lease expires (ttl seconds)."""
+
+    COMMAND = 'echo "locked $ETCD_LOCK_KEY $ETCD_LOCK_REV $$"; exec sleep 100000'
+
+    def __init__(self, endpoints: str, name: str, ttl: int = 2) -> None:
+        argv = [ETCDCTL, "--endpoints", endpoints, "lock", "--ttl", str(ttl), name]
+        super().__init__([*argv, "--", "sh", "-c", self.COMMAND], env=dict(os.environ, ETCDCTL_API="3"))
+        self.key = b""
+        self.revision = 0
+        self.command_pid = 0
+
+    def wait_locked(self, within: float = 60.0) -> bytes:
+        """Its key, once it holds the lock."""
+        key, revision, pid = self.expect("locked ", within=within).rsplit(" ", 2)
+        self.key, self.revision, self.command_pid = key.encode(), int(revision), int(pid)
+        return self.key
+
+    def unlock(self) -> None:
+        """End its command: etcdctl deletes its key and exits."""
+        os.kill(self.command_pid, signal.SIGTERM)
+        self.wait()
+        self.command_pid = 0
+
+    def close(self) -> None:
+        if self.command_pid:  # etcdctl was killed: its command lives on
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.command_pid, signal.SIGKILL)
+        super().close()

@@ -13,7 +13,10 @@ from tests.support.children import Script
 from tests.support.etcd import EtcdCluster
 from tests.support.etcd_locks import (
     contenders,
+    etcdctl,
     expect_line,
+    keys,
+    recipe_prefix,
     require_etcd,
 )
 
@@ -111,6 +114,20 @@ def test_lost_lock_terminates_the_command(etcd, lock_name):
         assert "lost the etcd lock" in job.stderr
         assert other.holder().fencing_token == other.fencing_token
         other.release()
+    finally:
+        job.close()
+
+
+def test_a_deleted_key_terminates_the_command(etcd, lock_name):
+    require_etcd(etcdctl=True)
+    job = run_holding(etcd, lock_name)
+    try:
+        expect_line(job, "running")
+        [(key, _, _)] = keys(etcd.endpoint_list, recipe_prefix(lock_name))
+        etcdctl(etcd.endpoint_list, "del", key.decode())
+        expect_line(job, "terminated")
+        assert job.wait() == 0
+        assert "lost the etcd lock" in job.stderr and "was deleted in etcd" in job.stderr
     finally:
         job.close()
 

@@ -29,7 +29,7 @@ def _missing_client(exc: ImportError | None) -> ModuleNotFoundError:
 if sys.version_info < (3, 10):
     raise _missing_client(None)
 try:
-    from . import client  # the only importer of aetcd (and so of gRPC)
+    from . import client  # noqa: F401  (the only importer of aetcd, and so of gRPC)
 except ModuleNotFoundError as _exc:
     if (_exc.name or "").partition(".")[0] not in ("aetcd", "grpc", "google"):
         raise

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from .._core.timeout import seconds_left
 from .._lock.errors import LockHeld, LockTimeout
-from .client import Cluster, DeadlinePassed, LeaseExists
+from .client import REQUEST_TIMEOUT, Cluster, DeadlinePassed, LeaseExists
 from .errors import EtcdRefused, EtcdTimeout, EtcdUnavailable
 from .holder import EtcdHolder, decode_holder
 from .loop import etcd_loop
@@ -184,19 +184,20 @@ async def grant_lease(cluster: Cluster, ttl: int, deadline: float | None) -> tup
 
 async def _abandon(cluster: Cluster, grant: asyncio.Future[int], lease: int) -> None:
     """Leave nothing of a grant given up on: revoke the lease now (the grant
-    may have been applied already) and again when the grant lands (it may
-    be applied after this revoke)."""
+    may have been applied already) and again once the grant lands (it may be
+    applied after this revoke).  Waited for within the request limit; a
+    grant etcd has not answered by then is revoked whenever it lands."""
     if not cluster.connected():
         grant.cancel()  # no connection: the request never reached etcd
         return
-    if not grant.done():
-        task = asyncio.ensure_future(_revoke_when_landed(cluster, grant, lease))
-        _landing.add(task)
-        task.add_done_callback(_landing.discard)
-    if grant.done() and not grant.cancelled() and isinstance(grant.exception(), EtcdRefused):
-        return  # never granted (a taken ID is LeaseExists, retried above)
-    with contextlib.suppress(EtcdUnavailable, EtcdRefused, DeadlinePassed):
-        await asyncio.shield(cluster.revoke(lease))
+    refused = (EtcdRefused, LeaseExists)
+    if grant.done() and not grant.cancelled() and isinstance(grant.exception(), refused):
+        return  # never granted; or the ID is another's lease, never to revoke
+    now = asyncio.ensure_future(_revoke(cluster, lease))
+    landed = asyncio.ensure_future(_revoke_when_landed(cluster, grant, lease))
+    _landing.add(landed)
+    landed.add_done_callback(_landing.discard)
+    await asyncio.wait((now, landed), timeout=REQUEST_TIMEOUT)
 
 
 async def _revoke_when_landed(cluster: Cluster, grant: asyncio.Future[int], lease: int) -> None:
@@ -204,5 +205,9 @@ async def _revoke_when_landed(cluster: Cluster, grant: asyncio.Future[int], leas
         await grant
     if grant.cancelled() or isinstance(grant.exception(), (EtcdRefused, LeaseExists)):
         return
+    await _revoke(cluster, lease)
+
+
+async def _revoke(cluster: Cluster, lease: int) -> None:
     with contextlib.suppress(EtcdUnavailable, EtcdRefused, DeadlinePassed):
         await cluster.revoke(lease)

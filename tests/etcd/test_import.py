@@ -1,0 +1,91 @@
+"""pylock.etcd without its client: the import says what to install, and on
+Python 3.9 (where the `etcd` extra installs nothing) that it needs 3.10."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.support import REPO_ROOT, env_with_repo
+
+# As if aetcd were not installed: its import fails as a missing module's does.
+WITHOUT_AETCD = textwrap.dedent(
+    """
+    import sys
+    class NotInstalled:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] == "aetcd":
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    sys.meta_path.insert(0, NotInstalled())
+    """
+)
+
+
+def run(code: str, python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [python, "-c", code], env=env_with_repo(), capture_output=True, text=True, timeout=60
+    )
+
+
+def test_importing_pylock_etcd_without_aetcd_says_what_to_install():
+    done = run(
+        WITHOUT_AETCD
+        + "try:\n    from pylock.etcd import EtcdLock\n"
+        + "except ModuleNotFoundError as exc:\n    print(exc.name, '|', exc)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    name, _, message = done.stdout.partition(" | ")
+    assert name == "aetcd"
+    assert "pip install 'pylock-kernel[etcd]'" in message and "No module named 'aetcd'" in message
+
+
+def test_the_command_line_without_aetcd_says_what_to_install_in_one_line():
+    done = run(
+        WITHOUT_AETCD
+        + "from pylock._cli.main import main\n"
+        + "sys.exit(main(['who', '--etcd', '127.0.0.1:1', 'job']))\n"
+    )
+    assert done.returncode == 69
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "pip install 'pylock-kernel[etcd]'" in done.stderr
+
+
+def test_the_etcd_extra_installs_aetcd_only_where_aetcd_runs():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    markers = pytest.importorskip("packaging.markers")
+    requirements = pytest.importorskip("packaging.requirements")
+
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["etcd"]
+    [requirement] = [requirements.Requirement(text) for text in extra]
+    assert requirement.name == "aetcd"
+    marker = requirement.marker or markers.Marker("python_version >= '0'")
+    assert not marker.evaluate({"python_version": "3.9", "python_full_version": "3.9.18"})
+    assert marker.evaluate({"python_version": "3.10", "python_full_version": "3.10.0"})
+
+
+def _python39_with_cffi() -> str | None:
+    """A Python 3.9 on this machine that can import pylock's core (cffi), if any."""
+    home = os.path.expanduser("~")
+    candidates = [shutil.which("python3.9"), *glob.glob(f"{home}/.pyenv/versions/3.9*/bin/python")]
+    for python in filter(None, candidates):
+        if subprocess.run([python, "-c", "import cffi"], capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+def test_importing_pylock_etcd_on_python_3_9_says_it_needs_3_10():
+    python = _python39_with_cffi()
+    if python is None:
+        pytest.skip("no Python 3.9 with cffi on this machine (python3.9 on PATH, or pyenv's)")
+    done = run("import pylock\nimport pylock.etcd\n", python)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: pylock.etcd needs Python 3.10 or newer")
+    assert "this is Python 3.9" in last and "installs nothing" in last

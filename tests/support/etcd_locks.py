@@ -176,6 +176,12 @@ def contenders(
                 async for event in call:
                     if event.events:
                         break
+            except rpc.AioRpcError as exc:
+                if exc.code() != rpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                raise AssertionError(
+                    f"{reply.count} contenders under {prefix!r} after {timeout} s, not {at_least}"
+                ) from None
             finally:
                 stop.set()
                 call.cancel()
@@ -226,7 +232,8 @@ class EtcdctlLock(Child):
 
     def __init__(self, endpoints: str, name: str, ttl: int = 2) -> None:
         argv = [ETCDCTL, "--endpoints", endpoints, "lock", "--ttl", str(ttl), name]
-        super().__init__([*argv, "--", "sh", "-c", self.COMMAND], env=dict(os.environ, ETCDCTL_API="3"))
+        argv += ["--", "sh", "-c", self.COMMAND]
+        super().__init__(argv, env=dict(os.environ, ETCDCTL_API="3"))
         self.key = b""
         self.revision = 0
         self.command_pid = 0

@@ -1,19 +1,28 @@
-"""EtcdLock beside pylock's flock Lock, and beside etcd's own round trips, in one run.
+"""EtcdLock beside etcd's own `etcdctl lock`, etcd's bare requests and flock, in one run.
 
     python bench/etcd.py                      # starts a local single-node etcd
     python bench/etcd.py --endpoints H:P,...  # or uses a running cluster
     python bench/etcd.py --trials 50          # fewer trials (default 200)
 
-Needs the `etcd` extra (aetcd) and, without --endpoints, Debian's etcd-server.
-Prints, as median and p99 with the trial count:
+Needs the `etcd` extra (aetcd), Debian's etcd-client (etcdctl) and, without
+--endpoints, etcd-server.  Prints, as median and p99 with the trial count:
 
-- uncontended acquire + release: Lock (flock on a local file) and EtcdLock,
-  and the floor: the four etcd requests an EtcdLock acquisition and release
-  make (lease grant, create-if-absent transaction, predecessor read, lease
-  revoke), sent back to back on the same channel with nothing around them;
-- handoff: a holder process releases, a waiter in another process blocked in
-  acquire() returns; from just before release() to just after acquire().
-  Before each release the waiter has been blocked for 20-70 ms.
+- uncontended acquire + release in a running process: Lock (flock on a local
+  file), EtcdLock, and the floor: the three requests etcd's lock recipe needs
+  (lease grant, the put-and-read-oldest transaction, lease revoke) sent back
+  to back on the same channel with nothing around them;
+- uncontended acquire + release as a command, the whole process timed:
+  `etcdctl lock NAME -- true` beside `pylock run --etcd EP NAME -- true`
+  (both start, connect, lock, run `true`, unlock and exit);
+- handoff: a holder releases, a waiter in another process takes the lock;
+  from just before release() to the waiter's report.  Waiters: a process
+  blocked in EtcdLock.acquire() (reports at once), Lock's, and the two
+  commands `etcdctl lock NAME -- echo` and `pylock run --etcd ... -- echo`
+  (reported when the `echo` they run writes its line, so both include one
+  fork and exec).  Before each release the waiter has queued (its key seen
+  in etcd, by a watch) and had time to settle into its wait: 20-70 ms for
+  a process blocked in acquire(), 200-300 ms for a command just started
+  (a fresh etcdctl takes tens of milliseconds more to start watching).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,6 +41,7 @@ from collections.abc import Callable
 BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
 sys.path.insert(0, REPO)
+ETCDCTL = shutil.which("etcdctl") or "/usr/bin/etcdctl"
 
 
 def now() -> int:
@@ -66,43 +77,56 @@ def interleaved(
 
 
 def etcd_floor(endpoints: str) -> Callable[[], None]:
+    """The recipe's three requests, bare, on pylock's channel."""
     from aetcd import rpc
 
     from pylock.etcd.client import normalize_endpoints, prefix_end
     from pylock.etcd.loop import etcd_loop, run_blocking
 
-    prefix = b"pylock-bench/floor/"
+    prefix = b"bench-floor/"
 
-    async def four_requests() -> None:
+    async def three_requests() -> None:
         cluster = etcd_loop().cluster(normalize_endpoints(endpoints))
         grant = await cluster.lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=10), timeout=5)
-        key = prefix + f"{grant.ID:016x}".encode()
+        key = prefix + b"%x" % grant.ID
         absent = rpc.Compare(
             result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=0
         )
         put = rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=b"{}", lease=grant.ID))
-        created = await cluster.kv.Txn(rpc.TxnRequest(compare=[absent], success=[put]), timeout=5)
-        ours = rpc.Compare(
-            result=rpc.Compare.EQUAL,
-            target=rpc.Compare.CREATE,
-            key=key,
-            create_revision=created.header.revision,
+        oldest = rpc.RequestOp(
+            request_range=rpc.RangeRequest(
+                key=prefix,
+                range_end=prefix_end(prefix),
+                sort_order=rpc.RangeRequest.ASCEND,
+                sort_target=rpc.RangeRequest.CREATE,
+                limit=1,
+            )
         )
-        before = rpc.RangeRequest(
-            key=prefix,
-            range_end=prefix_end(prefix),
-            sort_order=rpc.RangeRequest.DESCEND,
-            sort_target=rpc.RangeRequest.CREATE,
-            max_create_revision=created.header.revision - 1,
-            limit=1,
-        )
-        await cluster.kv.Txn(
-            rpc.TxnRequest(compare=[ours], success=[rpc.RequestOp(request_range=before)]),
-            timeout=5,
-        )
+        await cluster.kv.Txn(rpc.TxnRequest(compare=[absent], success=[put, oldest]), timeout=5)
         await cluster.lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=grant.ID), timeout=5)
 
-    return lambda: run_blocking(four_requests())
+    return lambda: run_blocking(three_requests())
+
+
+def etcdctl_argv(endpoints: str, name: str, *command: str) -> list[str]:
+    return [ETCDCTL, "--endpoints", endpoints, "lock", "--ttl", "10", name, "--", *command]
+
+
+def pylock_argv(endpoints: str, name: str, *command: str) -> list[str]:
+    return [sys.executable, "-m", "pylock", "run", "--etcd", endpoints, name, "--", *command]
+
+
+def child_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=REPO, ETCDCTL_API="3")
+
+
+def command_pair(argv: list[str]) -> Callable[[], None]:
+    """One whole command, from start to exit."""
+
+    def pair() -> None:
+        subprocess.run(argv, env=child_env(), stdout=subprocess.DEVNULL, check=True)
+
+    return pair
 
 
 WAITER = """
@@ -125,13 +149,13 @@ for line in sys.stdin:
 
 
 def handoff(kind: str, lock: object, where: str, trials: int, rng: random.Random) -> list[int]:
-    env = dict(os.environ, PYTHONPATH=REPO)
+    """Library waiters: one process blocked in acquire(), told to wait each trial."""
     child = subprocess.Popen(
         [sys.executable, "-c", WAITER, kind, where],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=env,
+        env=child_env(),
     )
     assert child.stdin is not None and child.stdout is not None
     assert child.stdout.readline().strip() == "ready"
@@ -141,6 +165,8 @@ def handoff(kind: str, lock: object, where: str, trials: int, rng: random.Random
             lock.acquire()  # type: ignore[attr-defined]
             child.stdin.write("go\n")
             child.stdin.flush()
+            if kind == "etcd":
+                queued(where, "bench-handoff")
             time.sleep(rng.uniform(0.020, 0.070))  # the waiter is blocked by now
             start = now()
             lock.release()  # type: ignore[attr-defined]
@@ -156,16 +182,121 @@ def handoff(kind: str, lock: object, where: str, trials: int, rng: random.Random
     return samples
 
 
+def queued(endpoints: str, name: str) -> None:
+    """Until a waiter's key is in the queue behind the holder's (an etcd watch)."""
+    from tests.support.etcd_locks import contenders
+
+    contenders(endpoints, name, at_least=2, timeout=60)
+
+
+def command_handoff(
+    argv: list[str], holder: object, endpoints: str, trials: int, rng: random.Random
+) -> list[int]:
+    """Command waiters: a new process each trial, queued behind holder; timed
+    until the command it runs (`echo`) writes its line."""
+    samples = []
+    for _ in range(trials):
+        holder.acquire()  # type: ignore[attr-defined]
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=child_env())
+        assert child.stdout is not None
+        try:
+            queued(endpoints, holder.name)  # type: ignore[attr-defined]
+            time.sleep(rng.uniform(0.200, 0.300))  # settled into its wait by now
+            start = now()
+            holder.release()  # type: ignore[attr-defined]
+            assert child.stdout.readline().strip() == "handed-over"
+            samples.append(now() - start)
+        finally:
+            child.stdout.close()
+            child.wait(60)
+    return samples
+
+
+def measure(args: argparse.Namespace, endpoints: str, tmp: str) -> list[tuple[str, list[int]]]:
+    import pylock
+    from pylock.etcd import EtcdLock
+
+    rng = random.Random(args.seed)
+    path = os.path.join(tmp, "bench.lock")
+    flock = pylock.Lock(path)
+    etcd = EtcdLock("bench-uncontended", endpoints=endpoints, ttl=10)
+
+    def flock_pair() -> None:
+        flock.acquire()
+        flock.release()
+
+    def etcd_pair() -> None:
+        etcd.acquire()
+        etcd.release()
+
+    rows: list[tuple[str, list[int]]] = []
+    rows += interleaved(
+        args.trials,
+        {
+            "uncontended, Lock (flock)": flock_pair,
+            "uncontended, EtcdLock": etcd_pair,
+            "uncontended, etcd floor (3 requests)": etcd_floor(endpoints),
+        },
+    ).items()
+    rows += interleaved(
+        args.command_trials,
+        {
+            "command, etcdctl lock": command_pair(etcdctl_argv(endpoints, "bench-cmd", "true")),
+            "command, pylock run --etcd": command_pair(pylock_argv(endpoints, "bench-cmd", "true")),
+        },
+        rounds=5,
+    ).items()
+    holder = EtcdLock("bench-handoff", endpoints=endpoints, ttl=10)
+    trials = args.handoff_trials
+    rows.append(("handoff, Lock (flock)", handoff("flock", flock, path, trials, rng)))
+    rows.append(("handoff, EtcdLock", handoff("etcd", holder, endpoints, trials, rng)))
+    echo = ("echo", "handed-over")
+    cmd_holder = EtcdLock("bench-cmd-handoff", endpoints=endpoints, ttl=10)
+    for name, argv in (
+        ("handoff, etcdctl lock -- echo", etcdctl_argv(endpoints, "bench-cmd-handoff", *echo)),
+        ("handoff, pylock run --etcd -- echo", pylock_argv(endpoints, "bench-cmd-handoff", *echo)),
+    ):
+        samples = command_handoff(argv, cmd_holder, endpoints, args.command_trials, rng)
+        rows.append((name, samples))
+    return rows
+
+
+def report(rows: list[tuple[str, list[int]]], where: str) -> None:
+    figures = {name: summary(samples) for name, samples in rows}
+    print(f"\nEtcdLock on {where} beside etcdctl, etcd's requests and flock (median / p99)\n")
+    print("| | median | p99 | trials |")
+    print("|---|---|---|---|")
+    for name, samples in rows:
+        median, p99 = figures[name]
+        print(f"| {name} | {fmt(median)} | {fmt(p99)} | {len(samples)} |")
+
+    def ratio(a: str, b: str) -> float:
+        return figures[a][0] / figures[b][0]
+
+    print("\nratios (medians):")
+    for a, b in (
+        ("uncontended, EtcdLock", "uncontended, etcd floor (3 requests)"),
+        ("uncontended, EtcdLock", "uncontended, Lock (flock)"),
+        ("command, pylock run --etcd", "command, etcdctl lock"),
+        ("handoff, EtcdLock", "handoff, Lock (flock)"),
+        ("handoff, pylock run --etcd -- echo", "handoff, etcdctl lock -- echo"),
+    ):
+        print(
+            f"  {a.split(', ', 1)[1]} / {b.split(', ', 1)[1]} ({a.split(',')[0]}): "
+            f"{ratio(a, b):.2f}x"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--endpoints", help="a running etcd (default: start one)")
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--handoff-trials", type=int, default=100)
+    parser.add_argument("--command-trials", type=int, default=30)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-
-    import pylock
-    from pylock.etcd import EtcdLock
+    if not os.access(ETCDCTL, os.X_OK):
+        parser.error("needs etcdctl (Debian: apt-get install etcd-client)")
 
     cluster = None
     if args.endpoints is None:
@@ -175,59 +306,13 @@ def main() -> int:
         endpoints = cluster.endpoint_list
     else:
         endpoints = args.endpoints
-    rng = random.Random(args.seed)
-    rows: list[tuple[str, list[int]]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "bench.lock")
-            flock = pylock.Lock(path)
-            etcd = EtcdLock("bench-uncontended", endpoints=endpoints, ttl=10)
-
-            def flock_pair() -> None:
-                flock.acquire()
-                flock.release()
-
-            def etcd_pair() -> None:
-                etcd.acquire()
-                etcd.release()
-
-            uncontended = interleaved(
-                args.trials,
-                {
-                    "uncontended, Lock (flock)": flock_pair,
-                    "uncontended, EtcdLock": etcd_pair,
-                    "uncontended, etcd floor (4 requests)": etcd_floor(endpoints),
-                },
-            )
-            rows.extend(uncontended.items())
-            holder = EtcdLock("bench-handoff", endpoints=endpoints, ttl=10)
-            rows.append(
-                ("handoff, Lock (flock)", handoff("flock", flock, path, args.handoff_trials, rng))
-            )
-            rows.append(
-                ("handoff, EtcdLock", handoff("etcd", holder, endpoints, args.handoff_trials, rng))
-            )
+            rows = measure(args, endpoints, tmp)
     finally:
         if cluster is not None:
             cluster.close()
-
-    figures = {name: summary(samples) for name, samples in rows}
-    where = "local single-node etcd" if cluster is not None else endpoints
-    print(f"\nEtcdLock on {where} beside flock (median / p99 / trials)\n")
-    print("| | median | p99 | trials |")
-    print("|---|---|---|---|")
-    for name, samples in rows:
-        median, p99 = figures[name]
-        print(f"| {name} | {fmt(median)} | {fmt(p99)} | {len(samples)} |")
-    up = figures["uncontended, EtcdLock"][0]
-    floor = figures["uncontended, etcd floor (4 requests)"][0]
-    print("\nratios (medians):")
-    print(f"  uncontended EtcdLock / etcd floor: {up / floor:.2f}x")
-    print(
-        f"  uncontended EtcdLock / flock Lock: {up / figures['uncontended, Lock (flock)'][0]:.0f}x"
-    )
-    handoff_ratio = figures["handoff, EtcdLock"][0] / figures["handoff, Lock (flock)"][0]
-    print(f"  handoff EtcdLock / flock Lock: {handoff_ratio:.1f}x")
+    report(rows, "local single-node etcd" if cluster is not None else endpoints)
     return 0
 
 

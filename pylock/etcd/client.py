@@ -108,7 +108,11 @@ class Cluster:
         """deadline: the caller's, when it was the gRPC call's own deadline."""
         code, details = exc.code(), exc.details() or ""
         where = f"etcd at {','.join(self.endpoints)}"
-        if code == rpc.StatusCode.DEADLINE_EXCEEDED and deadline is not None:
+        if deadline is not None and (
+            code == rpc.StatusCode.DEADLINE_EXCEEDED
+            # etcd's own words when the deadline it was sent passes inside etcd
+            or (code == rpc.StatusCode.UNAVAILABLE and "timed out" in details)
+        ):
             return DeadlinePassed()
         if code == rpc.StatusCode.FAILED_PRECONDITION and "lease already exists" in details:
             return LeaseExists()

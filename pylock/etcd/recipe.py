@@ -111,8 +111,8 @@ async def contend(queue: Queue, attempt: Attempt, won: list[Session]) -> Session
         except DeadlinePassed:
             raise no_answer(queue, cluster, attempt.timeout) from None
         session.revision = revision
-        session.watch_key()
         if int(oldest.create_revision) != revision:
+            session.watch_key()  # now: a waiter is told at once that its key went
             await wait_turn(queue, session, attempt, oldest)
         won.append(session)  # no await follows: nothing can cancel it now
     except BaseException:

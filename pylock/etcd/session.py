@@ -6,8 +6,10 @@ session counts as lost as soon as it cannot prove otherwise: etcd said the
 lease expired, no keep-alive was confirmed for a whole TTL (a pause, a
 partition), or the key itself was deleted (another client's `etcdctl del`:
 the lease lives on, but the next contender holds the lock now).  The key is
-watched from the revision that created it, so no deletion is missed.  The
-local deadline is measured from before each keep-alive was sent, so it
+watched from the revision that created it, so no deletion is missed however
+late the watch starts: a waiter's starts at once, a holder's with its first
+keep-alive (a lock held for less than a third of its TTL costs no watch).
+The local deadline is measured from before each keep-alive was sent, so it
 never outlives the lease etcd keeps.
 """
 
@@ -65,7 +67,8 @@ class Session:
 
     def watch_key(self) -> None:
         """Once the key exists (revision set): watch for its deletion."""
-        self._watcher = asyncio.get_running_loop().create_task(self._watch_key())
+        if self._watcher is None and self.revision:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_key())
 
     def lost_error(self, path: str) -> LockError:
         """What a waiter whose session was lost is told."""
@@ -98,6 +101,7 @@ class Session:
                 self._keeper = None  # ending from inside: end() must not cancel this task
                 await self.end()
                 return
+            self.watch_key()
             sent = time.monotonic()
             if sent >= self.expires:
                 self._mark_lost(

@@ -23,7 +23,8 @@ def holder_json(holder: Holder) -> dict[str, Any]:
     Strings are exact; one that is not UTF-8 has its bytes beside it
     (NAME_base64, pylock._core.display.json_text).  An etcd lock's holder
     (pylock.etcd.EtcdHolder, recognised by its lease so that gRPC is not
-    loaded to ask) adds its lease, TTL, fencing token and key.
+    loaded to ask) adds its lease, TTL (and the seconds left), fencing token
+    and key.
     """
     doc: dict[str, Any] = {"pid": holder.pid if holder.pid > 0 else None}
     json_text(doc, "program", holder.program or None)
@@ -45,6 +46,7 @@ def holder_json(holder: Holder) -> dict[str, Any]:
     if isinstance(lease, int):
         doc["lease"] = f"{lease:x}"
         doc["ttl"] = getattr(holder, "ttl", 0)
+        doc["ttl_left"] = getattr(holder, "ttl_left", None)
         doc["fencing_token"] = getattr(holder, "fencing_token", 0)
         doc["key"] = bytes(getattr(holder, "key", b"")).decode("utf-8", "replace")
     return doc

@@ -77,6 +77,7 @@ def test_an_etcdctl_holder_excludes_etcdlock_and_is_named_for_what_it_is(etcd, l
         assert report["held"] and report["holders"][0]["key"] == key.decode()
         assert report["holders"][0]["fencing_token"] == created
         assert report["holders"][0]["lease"] == f"{lease:x}"
+        assert 0 <= report["holders"][0]["ttl_left"] <= 5 and report["holders"][0]["ttl"] == 5
         run = pylock_cli("run", "--etcd", etcd.endpoint_list, "-n", lock_name, "--", "true")
         assert run.returncode == 1 and key.decode() in run.stderr
         # A pylock waiter queues behind it and takes over when etcdctl unlocks.

@@ -191,7 +191,7 @@ class Invocation:
             self.path = rest[0]
             self._command_from(rest[1:], None)
         elif rest:
-            self.fd = args.descriptor(rest[0])
+            self.fd = _descriptor_operand(rest[0])
         else:
             raise UsageError("requires file descriptor, file or directory")
 
@@ -223,6 +223,15 @@ class Invocation:
             if not words:
                 raise UsageError("no command after '--'")
         self.command = words
+
+
+def _descriptor_operand(text: str) -> int:
+    """The NUMBER form's descriptor, as flock(1) reads it (any 32-bit int): a
+    negative one is a descriptor that cannot be locked (65), not a usage error."""
+    value = args.decimal(text, "bad file descriptor")
+    if not -(2**31) <= value < 2**31:
+        raise UsageError(f"bad file descriptor: '{text}'")
+    return value
 
 
 def _shell(text: str) -> list[str]:

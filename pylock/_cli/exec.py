@@ -70,8 +70,9 @@ def _exec(command: list[str]) -> NoReturn:
     except OSError as exc:
         code = exc.errno
         from .._core.display import display
+        from .invoked import name
 
-        message = f"pylock: failed to execute {display(command[0])}: {exc.strerror}\n"
+        message = f"{name}: failed to execute {display(command[0])}: {exc.strerror}\n"
     try:  # noqa: SIM105 (contextlib costs start-up time)
         os.write(2, message.encode(errors="replace"))
     except OSError:

@@ -24,12 +24,14 @@ class Exit(Exception):
 
 
 def say(text: str) -> None:
-    """One line on stderr, "pylock: " first, every control character in it
-    escaped (a path or a name from a shared directory cannot drive the
-    terminal, or start a line of its own)."""
+    """One line on stderr, the name the command was invoked by first
+    ("pylock: "), every control character in it escaped (a path or a name
+    from a shared directory cannot drive the terminal, or start a line of
+    its own)."""
     from .._core.display import display
+    from .invoked import name
 
-    sys.stderr.write(f"pylock: {display(text)}\n")
+    sys.stderr.write(f"{name}: {display(text)}\n")
     sys.stderr.flush()
 
 

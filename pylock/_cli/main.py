@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 
+from . import invoked
 from .args import Option, UsageError, help_lines
 from .exits import EX_OSERR, EX_SOFTWARE, EX_USAGE
 
@@ -42,11 +43,15 @@ Locks that know who holds them.  Commands:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and invoked.as_flock(sys.argv[0]):
+        invoked.name = invoked.FLOCK  # flock(1) by another name: `pylock run`
+        words.insert(0, "run")
     command = words[0] if words else ""
     try:
         return _dispatch(words)
     except UsageError as exc:
         where = f"pylock {command}" if command in COMMANDS else "pylock"
+        where = where if invoked.name == "pylock" else invoked.name
         _stderr(f"{where}: {exc}; see '{where} -h'")
         return EX_USAGE
     except KeyboardInterrupt:
@@ -54,12 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _die_by(signal.SIGPIPE)
     except MemoryError:
-        _stderr("pylock: out of memory")
+        _stderr(f"{invoked.name}: out of memory")
         return EX_OSERR
     except Exception as exc:  # the promise: one line, never a traceback
         if os.environ.get("PYLOCK_DEBUG"):
             raise
-        _stderr(f"pylock: unexpected {type(exc).__name__}: {exc} (PYLOCK_DEBUG=1 shows where)")
+        what = f"unexpected {type(exc).__name__}: {exc} (PYLOCK_DEBUG=1 shows where)"
+        _stderr(f"{invoked.name}: {what}")
         return EX_SOFTWARE
     return 0  # not reached: _die_by does not return
 
@@ -89,6 +95,8 @@ def _dispatch(words: list[str]) -> int:
 
 def print_help(usage: str, options: Sequence[Option], epilog: str = "") -> None:
     text = usage + "\n".join(help_lines(options)) + "\n" + epilog
+    if invoked.name != "pylock":
+        text = text.replace("pylock run", invoked.name)
     sys.stdout.write(text)
     sys.stdout.flush()
 

@@ -93,10 +93,12 @@ def _run(call: Invocation) -> int:
 
         fd, keep = call.fd, None
         lock_fd(call, fd, f"{call.fd}", describe_descriptor(fd))
+    from .invoked import name
+
     if call.verbose:
         micros = int((time.monotonic() - started) * 1e6)
         sys.stdout.write(
-            f"pylock: getting lock took {micros // 10**6}.{micros % 10**6:06d} seconds\n"
+            f"{name}: getting lock took {micros // 10**6}.{micros % 10**6:06d} seconds\n"
         )
         sys.stdout.flush()
     if call.command is None:
@@ -104,7 +106,7 @@ def _run(call: Invocation) -> int:
     if call.verbose:
         from .._core.display import display
 
-        sys.stdout.write(f"pylock: executing {display(call.command[0])}\n")
+        sys.stdout.write(f"{name}: executing {display(call.command[0])}\n")
         sys.stdout.flush()
     status = execute(call, fd)
     del keep  # closing (never unlocking) our copy: the command may still hold it

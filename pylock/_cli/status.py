@@ -12,6 +12,8 @@ import os
 import threading
 import time
 
+from . import invoked
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -62,7 +64,7 @@ class StatusLine:
                 holder, looked = self._holder(), now
             elapsed = int(now - self._start)
             # Elapsed first: a narrow terminal cuts the end of the line.
-            text = f"pylock: waiting {elapsed}s for {self._waiting_for}, held by {holder}"
+            text = f"{invoked.name}: waiting {elapsed}s for {self._waiting_for}, held by {holder}"
             _write(_ERASE + _fit(text).encode("utf-8", "replace"))
             self._shown = True
             self._done.wait(1.0 - (time.monotonic() - self._start) % 1.0)

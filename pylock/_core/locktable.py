@@ -1,0 +1,170 @@
+"""The kernel's lock table, as /proc/locks lists it (Linux).
+
+Every granted lock (FLOCK, POSIX, OFDLCK, leases) and, under each, the
+requests blocked on it ("->" lines, deeper when a request is queued behind
+another blocked request).  Its pid column names whoever took the lock
+(POSIX: its owner; FLOCK: the taker, though every process sharing that open
+file description holds it; OFD: -1, the kernel does not say).  Reading it
+takes no lock and opens nothing but /proc/locks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .procfs import PROC
+
+FileKey = tuple[int, int, int]  # (major, minor, inode) as /proc/locks prints it
+
+
+class LockLine(NamedTuple):
+    """One line of /proc/locks, or a "lock:" line of an fdinfo file."""
+
+    kind: str  # FLOCK, POSIX, OFDLCK, LEASE, DELEG...
+    mode: str  # READ, WRITE (UNLCK for a lease being broken)
+    pid: int  # taker or waiter; -1 for OFD locks; 0 outside this pid namespace
+    file: FileKey | None  # None: "<none>", a lock on no inode
+    start: int
+    end: int | None  # None: to the end of the file (EOF)
+    level: int = 0  # 0 granted; n: blocked, n deep in the kernel's blocker tree
+    id: int = 0  # the line's number; a blocked request shares its blocker's
+
+    def key(self) -> tuple[object, ...]:
+        """What tells granted locks apart (fdinfo shows the same line)."""
+        return (self.kind, self.mode, self.pid, self.file, self.start, self.end)
+
+
+def parse_line(text: bytes) -> LockLine | None:
+    """A LockLine from "3:  -> FLOCK  ADVISORY  READ 16095 fe:00:2155778 0 EOF"."""
+    number, colon, rest = text.partition(b":")
+    if not colon:
+        return None
+    rest = rest[1:] if rest.startswith(b" ") else rest
+    level = 0
+    stripped = rest.lstrip(b" ")
+    if stripped.startswith(b"->"):
+        level = len(rest) - len(stripped) + 1
+        rest = stripped[2:]
+    words = rest.split()
+    if len(words) < 7:
+        return None
+    try:
+        return LockLine(
+            kind=words[0].decode("ascii"),
+            mode=words[2].decode("ascii"),
+            pid=int(words[3]),
+            file=_file_key(words[4]),
+            start=int(words[5]),
+            end=None if words[6] == b"EOF" else int(words[6]),
+            level=level,
+            id=int(number),
+        )
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _file_key(word: bytes) -> FileKey | None:
+    major, _, rest = word.partition(b":")
+    minor, _, ino = rest.partition(b":")
+    if major == b"<none>":
+        return None
+    return int(major, 16), int(minor, 16), int(ino)
+
+
+def read_proc_locks() -> list[LockLine]:
+    """Every line of /proc/locks (raises OSError when it cannot be read)."""
+    with open(f"{PROC}/locks", "rb") as f:
+        data = f.read()
+    return [line for line in map(parse_line, data.splitlines()) if line is not None]
+
+
+class Descriptor(NamedTuple):
+    pid: int
+    fd: int
+
+
+@dataclass
+class Lock:
+    """A granted lock: one /proc/locks line (count: how many identical lines,
+    such as shared flocks of one taker on several open files)."""
+
+    kind: str
+    mode: str
+    taker: int
+    file: FileKey | None
+    start: int
+    end: int | None
+    count: int = 1
+    holders: list[Descriptor] = field(default_factory=list)  # from fdinfo
+    waiters: list[Waiter] = field(default_factory=list)
+
+    def key(self) -> tuple[object, ...]:
+        return (self.kind, self.mode, self.taker, self.file, self.start, self.end)
+
+
+@dataclass
+class Waiter:
+    """A request the kernel shows blocked under a granted lock."""
+
+    kind: str
+    mode: str
+    pid: int  # -1 for an OFD request: the kernel does not name its process
+    file: FileKey | None
+    start: int
+    end: int | None
+    blocker: Lock  # the granted lock the kernel lists it under
+    behind: int | None = None  # pid of the blocked request it is queued behind
+    pid_from_syscall: bool = False  # an OFD request named by its blocked thread
+
+
+@dataclass
+class LockTable:
+    """The kernel's locks, their holders, their waiters and their files' paths."""
+
+    locks: list[Lock]
+    waiters: list[Waiter]
+    paths: dict[FileKey, str]  # os.fsdecode of the kernel's bytes
+    hidden: set[int]  # processes whose descriptors pylock may not inspect
+
+    def holding_pids(self, lock: Lock) -> list[int]:
+        """The processes holding lock: those whose descriptors show it; else its
+        taker when that is its owner (POSIX) or a process pylock may not
+        inspect; else none pylock can name (a descriptor of a process in
+        another namespace, a mapping, a descriptor in flight)."""
+        pids = sorted({where.pid for where in lock.holders})
+        if pids:
+            return pids
+        if lock.taker > 0 and (lock.kind == "POSIX" or lock.taker in self.hidden):
+            return [lock.taker]
+        return []
+
+
+def group(lines: list[LockLine]) -> tuple[list[Lock], list[Waiter]]:
+    """Granted locks (identical lines merged) and the waiters under each."""
+    locks: dict[tuple[object, ...], Lock] = {}
+    waiters: list[Waiter] = []
+    top: Lock | None = None
+    chain: list[int] = []  # the pid at each level above the current line
+    for line in lines:
+        if line.level == 0:
+            key = line.key()
+            top = locks.get(key)
+            if top is None:
+                top = Lock(line.kind, line.mode, line.pid, line.file, line.start, line.end)
+                locks[key] = top
+            else:
+                top.count += 1
+            chain = [line.pid]
+            continue
+        if top is None:
+            continue
+        del chain[line.level :]
+        behind = chain[line.level - 1] if line.level > 1 and len(chain) >= line.level else None
+        chain.append(line.pid)
+        waiter = Waiter(
+            line.kind, line.mode, line.pid, line.file, line.start, line.end, top, behind
+        )
+        top.waiters.append(waiter)
+        waiters.append(waiter)
+    return list(locks.values()), waiters

@@ -29,47 +29,55 @@ class LockLine(NamedTuple):
     end: int | None  # None: to the end of the file (EOF)
     level: int = 0  # 0 granted; n: blocked, n deep in the kernel's blocker tree
     id: int = 0  # the line's number; a blocked request shares its blocker's
+    words: tuple[bytes, ...] = ()  # kind to end as printed: what fdinfo's line repeats
 
-    def key(self) -> tuple[object, ...]:
-        """What tells granted locks apart (fdinfo shows the same line)."""
-        return (self.kind, self.mode, self.pid, self.file, self.start, self.end)
+
+_WORDS: dict[bytes, str] = {}  # b"FLOCK" -> "FLOCK": a handful of words, decoded once
+
+
+def _word(raw: bytes) -> str:
+    text = _WORDS.get(raw)
+    if text is None:
+        text = _WORDS[raw] = raw.decode("ascii")
+    return text
 
 
 def parse_line(text: bytes) -> LockLine | None:
     """A LockLine from "3:  -> FLOCK  ADVISORY  READ 16095 fe:00:2155778 0 EOF"."""
-    number, colon, rest = text.partition(b":")
-    if not colon:
+    words = text.split()
+    if len(words) < 8 or not words[0].endswith(b":"):
         return None
-    rest = rest[1:] if rest.startswith(b" ") else rest
     level = 0
-    stripped = rest.lstrip(b" ")
-    if stripped.startswith(b"->"):
-        level = len(rest) - len(stripped) + 1
-        rest = stripped[2:]
-    words = rest.split()
-    if len(words) < 7:
-        return None
+    if words[1] == b"->":
+        # The kernel right-aligns "-> " in a field one wider per level.
+        colon = text.index(b":")
+        level = text.index(b"->", colon) - colon - 1
+        del words[1]
+        if len(words) < 8:
+            return None
     try:
         return LockLine(
-            kind=words[0].decode("ascii"),
-            mode=words[2].decode("ascii"),
-            pid=int(words[3]),
-            file=_file_key(words[4]),
-            start=int(words[5]),
-            end=None if words[6] == b"EOF" else int(words[6]),
+            kind=_word(words[1]),
+            mode=_word(words[3]),
+            pid=int(words[4]),
+            file=file_key(words[5]),
+            start=int(words[6]),
+            end=None if words[7] == b"EOF" else int(words[7]),
             level=level,
-            id=int(number),
+            id=int(words[0][:-1]),
+            words=tuple(words[1:8]),
         )
     except (ValueError, UnicodeDecodeError):
         return None
 
 
-def _file_key(word: bytes) -> FileKey | None:
-    major, _, rest = word.partition(b":")
-    minor, _, ino = rest.partition(b":")
-    if major == b"<none>":
+def file_key(word: bytes) -> FileKey | None:
+    parts = word.split(b":")
+    if parts[0] == b"<none>":
         return None
-    return int(major, 16), int(minor, 16), int(ino)
+    if len(parts) != 3:
+        raise ValueError(word)
+    return int(parts[0], 16), int(parts[1], 16), int(parts[2])
 
 
 def read_proc_locks() -> list[LockLine]:
@@ -82,6 +90,7 @@ def read_proc_locks() -> list[LockLine]:
 class Descriptor(NamedTuple):
     pid: int
     fd: int
+    mount: int = 0  # the mount id its fdinfo names
 
 
 @dataclass
@@ -98,9 +107,7 @@ class Lock:
     count: int = 1
     holders: list[Descriptor] = field(default_factory=list)  # from fdinfo
     waiters: list[Waiter] = field(default_factory=list)
-
-    def key(self) -> tuple[object, ...]:
-        return (self.kind, self.mode, self.taker, self.file, self.start, self.end)
+    words: tuple[bytes, ...] = ()  # its line as printed, from the kind to the end
 
 
 @dataclass
@@ -142,17 +149,17 @@ class LockTable:
 
 def group(lines: list[LockLine]) -> tuple[list[Lock], list[Waiter]]:
     """Granted locks (identical lines merged) and the waiters under each."""
-    locks: dict[tuple[object, ...], Lock] = {}
+    locks: dict[tuple[bytes, ...], Lock] = {}
     waiters: list[Waiter] = []
     top: Lock | None = None
     chain: list[int] = []  # the pid at each level above the current line
     for line in lines:
         if line.level == 0:
-            key = line.key()
-            top = locks.get(key)
+            top = locks.get(line.words)
             if top is None:
                 top = Lock(line.kind, line.mode, line.pid, line.file, line.start, line.end)
-                locks[key] = top
+                top.words = line.words
+                locks[line.words] = top
             else:
                 top.count += 1
             chain = [line.pid]

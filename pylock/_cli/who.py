@@ -20,12 +20,14 @@ OPTIONS = [
     Option("", ("json",), "json", "print JSON: one object per PATH"),
     HELP,
     Option("", ("etcd",), "etcd", "NAMEs are etcd locks at ENDPOINTS", str, metavar="ENDPOINTS"),
+    Option("", ("system",), "system", "every lock on this host ('pylock who --system -h')"),
 ]
 
 USAGE = """\
 Usage:
  pylock who [--all] [--json] PATH...
  pylock who --etcd ENDPOINTS [--json] NAME...
+ pylock who --system [--json] [--watch] [--path PREFIX] [--pid PID,...] [--user USER,...]
 
 Say whether each lock is free or held, and by whom: pid, program, host,
 since when and for how long, and whether the kernel verified it (or why
@@ -45,7 +47,13 @@ class PathProblem(Exception):
 
 
 def main(argv: Sequence[str]) -> int:
-    defaults = {"all": False, "json": False, "help": False, "etcd": None}
+    from .system import asks_for_system
+
+    if asks_for_system(argv):
+        from .system import main as main_system
+
+        return main_system(argv)
+    defaults = {"all": False, "json": False, "help": False, "etcd": None, "system": False}
     opts, paths = parse(OPTIONS, argv, defaults)
     if opts["help"]:
         from .main import print_help

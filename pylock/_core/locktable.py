@@ -10,6 +10,8 @@ takes no lock and opens nothing but /proc/locks.
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -80,11 +82,104 @@ def file_key(word: bytes) -> FileKey | None:
     return int(parts[0], 16), int(parts[1], 16), int(parts[2])
 
 
+# How much the first read() of each reading of the table asks for; the
+# others ask for more than the kernel's page.  The kernel walks its list
+# again where its page ran out, so a small first read moves every later cut:
+# an error at a cut falls on other records in each reading.
+_FIRST_READS = (1 << 20, 700, 1500, 2300, 3100)
+
+
 def read_proc_locks() -> list[LockLine]:
-    """Every line of /proc/locks (raises OSError when it cannot be read)."""
-    with open(f"{PROC}/locks", "rb") as f:
-        data = f.read()
-    return [line for line in map(parse_line, data.splitlines()) if line is not None]
+    """Every line of /proc/locks, as readings of it agree (raises OSError
+    when it cannot be read).
+
+    The kernel hands the table out a page at a time and walks its list from
+    the start again for each page: a lock taken or dropped elsewhere between
+    two pages shifts the rest, so a page repeats records of the page before
+    or skips some.  On a host where one process keeps locking and unlocking,
+    most plain readings are wrong somewhere.  Within a reading, a run of
+    records at the start of a fresh page that repeats the records just
+    before it is dropped (the read that finds the end walks the list again
+    too, and so repeats the last records in every reading).  Two readings
+    cut at different records that agree are the table; otherwise, of five
+    readings, each record (a granted lock and the requests blocked under it)
+    counts as many times as the median reading has it, taken whole from the
+    first reading that has it.  Bursts of locks that come and go faster than
+    a page is read can still fool it (one look in a hundred, with 50 locks
+    taken and dropped in a loop).
+    """
+    records = [_records(size) for size in _FIRST_READS[:2]]
+    if Counter(key for key, _ in records[0]) != Counter(key for key, _ in records[1]):
+        records += [_records(size) for size in _FIRST_READS[2:]]
+    counts = [Counter(key for key, _ in found) for found in records]
+    middle = len(records) // 2
+    wanted = {key: sorted(c[key] for c in counts)[middle] for key in set().union(*counts)}
+    taken: Counter[bytes] = Counter()
+    lines = []
+    for found in records:
+        for key, record in found:
+            if taken[key] < wanted[key]:
+                taken[key] += 1
+                lines += record
+    return [line for line in map(parse_line, lines) if line is not None]
+
+
+Record = tuple[bytes, list[bytes]]  # the granted line after its number, and the record's lines
+
+
+def _records(first: int) -> list[Record]:
+    """One reading of /proc/locks, the first read() asking for first bytes.
+
+    Each later read() gets the rest of the kernel's last page (the tail of
+    one record), then a page the kernel filled after walking its list again:
+    a run of records at the start of that page that repeats the records just
+    before it was shifted by locks taken elsewhere meanwhile."""
+    fd = os.open(f"{PROC}/locks", os.O_RDONLY | os.O_CLOEXEC)
+    found: list[Record] = []
+    rest = b""
+    size = first
+    try:
+        while True:
+            chunk = os.read(fd, size)
+            size = 1 << 20
+            if not chunk:
+                return found
+            old_page = bool(rest)  # the chunk begins with the end of the last page
+            *lines, rest = (rest + chunk).split(b"\n")
+            fresh: list[Record] = []
+            for index, line in enumerate(lines):
+                waiter = line.split(None, 2)[1:2] == [b"->"]
+                if old_page and (waiter or index == 0):
+                    if not waiter:
+                        found.append((line.partition(b":")[2], [line]))
+                    elif found:
+                        found[-1][1].append(line)
+                    continue
+                old_page = False
+                if not waiter:
+                    fresh.append((line.partition(b":")[2], [line]))
+                elif fresh or found:
+                    (fresh or found)[-1][1].append(line)
+            found += fresh[_repeated(found, fresh) :]
+    finally:
+        os.close(fd)
+
+
+def _repeated(before: list[Record], fresh: list[Record]) -> int:
+    """How many records at the start of fresh repeat the last ones of before
+    (lines compared without their numbers)."""
+
+    def same(a: Record, b: Record) -> bool:
+        return [x.partition(b":")[2] for x in a[1]] == [y.partition(b":")[2] for y in b[1]]
+
+    if not fresh:
+        return 0
+    for run in range(min(len(before), len(fresh), 256), 0, -1):
+        if before[-run][0] == fresh[0][0] and all(
+            same(a, b) for a, b in zip(before[-run:], fresh[:run])
+        ):
+            return run
+    return 0
 
 
 class Descriptor(NamedTuple):

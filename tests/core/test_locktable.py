@@ -10,13 +10,14 @@ import fcntl
 import mmap
 import os
 import socket
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from pylock._core.lockscan import read_table
-from pylock._core.locktable import FileKey, LockTable, parse_line
+from pylock._core.locktable import FileKey, LockTable, parse_line, read_proc_locks
 from pylock._core.waitgraph import deadlocks, edges, graph
 from tests.support.children import Forked
 from tests.support.lockers import Locker, until_waiting
@@ -182,3 +183,36 @@ def test_the_graph_holds_a_cycle_of_processes_and_only_that(
         (p.pid, "POSIX", q.pid),
         (q.pid, "FLOCK", p.pid),
     }
+
+
+def _hold_many(directory: Path, count: int, chan: Forked.Chan) -> None:
+    for n in range(count):
+        fd = os.open(directory / f"stable-{n}", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    chan.say("held")
+    chan.until_closed()
+
+
+def _churn(path: Path, chan: Forked.Chan) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    chan.say("churning")
+    while True:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def test_a_table_read_while_another_process_locks_and_unlocks_lists_each_lock_once(
+    tmp_path: Path, forked: Callable[[Callable[[Forked.Chan], None]], Forked]
+) -> None:
+    """The kernel hands /proc/locks out a page at a time, walking its list
+    again for each page: with one process locking and unlocking in a loop,
+    most plain reads of the file repeat or skip some of the locks that stay."""
+    holder = forked(lambda chan: _hold_many(tmp_path, 300, chan))
+    assert holder.line() == "held"
+    stable = {os.stat(tmp_path / f"stable-{n}").st_ino for n in range(300)}
+    churner = forked(lambda chan: _churn(tmp_path / "churn", chan))
+    assert churner.line() == "churning"
+    for _ in range(200):
+        seen = Counter(line.file[2] for line in read_proc_locks() if line.level == 0 and line.file)
+        wrong = {ino: seen[ino] for ino in stable if seen[ino] != 1}
+        assert not wrong, f"locks listed other than once: {wrong}"

@@ -371,14 +371,22 @@ def test_usage_mistakes_exit_64() -> None:
 # -- beside lslocks, and as another user ------------------------------------------------
 
 
-def _lslocks() -> list[Doc]:
-    out = subprocess.run(
-        ["lslocks", "--json", "--output-all", "--notruncate", "--bytes"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return list(json.loads(out.stdout)["locks"])
+def _lslocks(inodes: set[int]) -> list[Doc]:
+    """lslocks' rows for these inodes, once two runs in a row agree: lslocks
+    reads /proc/locks once, and a page of it can repeat or skip records
+    while other processes on the host lock and unlock."""
+    runs: list[list[Doc]] = []
+    while len(runs) < 2 or runs[-1] != runs[-2]:
+        assert len(runs) < 20, "lslocks never showed the same locks twice in a row"
+        out = subprocess.run(
+            ["lslocks", "--json", "--output-all", "--notruncate", "--bytes"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        rows = [lock for lock in json.loads(out.stdout)["locks"] if lock["inode"] in inodes]
+        runs.append(sorted(rows, key=json.dumps))
+    return runs[-1]
 
 
 @pytest.mark.skipif(
@@ -403,7 +411,7 @@ def test_the_listing_matches_lslocks_for_every_lock_both_show(
     w4.ask("flock", "sh", files["f"])
     until_waiting(files["f"], w4.pid)
     inodes = {os.stat(path).st_ino: path for path in files.values()}
-    theirs = [lock for lock in _lslocks() if lock["inode"] in inodes]
+    theirs = _lslocks(set(inodes))
     _, doc = listing("--path", str(tmp_path))
     ours = []
     for item in doc["files"]:

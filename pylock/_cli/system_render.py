@@ -80,10 +80,15 @@ def _who(pid: int, snap: Snapshot) -> list[str]:
     return found
 
 
+_COMMAND_WIDTH = 48
+
+
 def _command(proc: Process) -> str:
+    """The command line, escaped, its program by name, cut to a column's width."""
     if not proc.argv:
         return display(proc.program)
-    return shell_words([os.path.basename(proc.argv[0]), *proc.argv[1:]])
+    text = shell_words([os.path.basename(proc.argv[0]), *proc.argv[1:]])
+    return text if len(text) <= _COMMAND_WIDTH else text[: _COMMAND_WIDTH - 3] + "..."
 
 
 def _named(pid: int, processes: dict[int, Process]) -> str:

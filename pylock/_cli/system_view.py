@@ -135,6 +135,8 @@ def snapshot(wanted: Filter) -> Snapshot:
             view.waiters.append(WaiterView(waiter, held_by))
     processes = _processes(files.values())
     shown = [v for v in files.values() if wanted.shows(v, processes)]
+    for view in shown:
+        view.locks.sort(key=lambda v: (v.lock.kind, v.lock.start, v.lock.mode, v.lock.taker))
     shown.sort(key=lambda v: (v.path is None, v.path or "", v.key or (0, 0, 0)))
     keys = {v.key for v in shown}
     cycles = deadlocks(graph(found_edges))
@@ -153,7 +155,7 @@ def _holders(table: LockTable, lock: Lock, mounts: Mounts) -> list[HolderView]:
         view = by_pid.setdefault(where.pid, HolderView(where.pid, verified=True))
         view.fds.append(where.fd)
     if by_pid:
-        found = list(by_pid.values())
+        found = sorted(by_pid.values(), key=lambda h: h.pid)
         where = lock.holders[0]
         mount = mounts.of(where)
         local = mount is not None and mount[2] in LOCAL_FILESYSTEMS

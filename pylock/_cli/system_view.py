@@ -191,7 +191,7 @@ def _add_record(holders: list[HolderView], where: Descriptor, key: FileKey) -> N
         if now is not None and same_process(now, recorded):
             holder.since = rec.get("acquired_at")
             holder.info = rec.get("info")
-            private = owner_uid == procfs.euid_of(holder.pid) and not mode & 0o022
+            private = owner_uid == _euid(holder.pid) and not mode & 0o022
             holder.record_private = private
 
 
@@ -230,9 +230,14 @@ def _processes(files: Any) -> dict[int, Process]:
         for pid in sorted(view.pids()):
             if pid not in found:
                 program, argv = procfs.command_of(pid)
-                uid = procfs.euid_of(pid)
+                uid = _euid(pid)
                 found[pid] = Process(pid, program, argv, uid, _user(uid, users))
     return found
+
+
+def _euid(pid: int) -> int | None:
+    found = procfs.uids(pid)
+    return None if found is None else found[1]
 
 
 def _user(uid: int | None, known: dict[int, str]) -> str:

@@ -16,7 +16,8 @@ import sys
 import time
 
 from . import args
-from .args import Option, UsageError, parse
+from .args import HELP, Option, UsageError, parse
+from .exits import EX_NOINPUT, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,8 +25,7 @@ if TYPE_CHECKING:
 
     from .system_view import Filter, Snapshot
 
-EX_DEADLOCK = 1
-EX_NOINPUT = 66
+EX_DEADLOCK = 1  # a deadlock among the files shown
 
 
 def _pids(text: str) -> frozenset[int]:
@@ -76,7 +76,7 @@ OPTIONS = [
         _uids,
         metavar="USER,...",
     ),
-    Option("h", ("help",), "help", "show this help and exit"),
+    HELP,
 ]
 
 USAGE = """\
@@ -122,7 +122,7 @@ def main(argv: Sequence[str]) -> int:
     if opts["interval"] is not None and not opts["watch"]:
         raise UsageError("--interval goes with --watch")
     if not sys.platform.startswith("linux"):
-        sys.stderr.write("pylock: who --system needs Linux's /proc/locks\n")
+        say("who --system needs Linux's /proc/locks")
         return EX_NOINPUT
     from .system_view import Filter
 
@@ -148,9 +148,7 @@ def _look(wanted: Filter) -> Snapshot | None:
     try:
         return snapshot(wanted)
     except OSError as exc:
-        sys.stderr.write(
-            f"pylock: cannot read the kernel's lock table /proc/locks: {exc.strerror}\n"
-        )
+        say(f"cannot read the kernel's lock table /proc/locks: {exc.strerror}")
         return None
 
 

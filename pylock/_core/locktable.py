@@ -148,7 +148,7 @@ def _records(first: int) -> list[Record]:
             *lines, rest = (rest + chunk).split(b"\n")
             fresh: list[Record] = []
             for index, line in enumerate(lines):
-                waiter = line.split(None, 2)[1:2] == [b"->"]
+                waiter = b"-> " in line  # a granted line has no arrow
                 if old_page and (waiter or index == 0):
                     if not waiter:
                         found.append((line.partition(b":")[2], [line]))

@@ -160,9 +160,18 @@ def _render(snap: Snapshot, as_json: bool, pretty: bool) -> str:
     import json
 
     doc = system_render.json_doc(snap)
-    if pretty:
-        return json.dumps(doc, indent=2) + "\n"
-    return json.dumps(doc, separators=(",", ":")) + "\n"
+    if not pretty:
+        return json.dumps(doc, separators=(",", ":")) + "\n"
+    # A key per line and a file or deadlock per line: json's indent= would
+    # take its pure-Python encoder, seconds for a host of thousands of locks.
+    lines = []
+    for key, value in doc.items():
+        if isinstance(value, list) and value:
+            items = ",\n".join(f"    {json.dumps(item)}" for item in value)
+            lines.append(f"  {json.dumps(key)}: [\n{items}\n  ]")
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def _signature(snap: Snapshot) -> str:

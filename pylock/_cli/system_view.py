@@ -77,9 +77,15 @@ class FileView:
     locks: list[LockView]
     waiters: list[WaiterView]
 
+    known_pids: set[int] | None = field(default=None, repr=False)
+
     def pids(self) -> set[int]:
-        found = {h.pid for view in self.locks for h in view.holders if h.pid > 0}
-        return found | {w.waiter.pid for w in self.waiters if w.waiter.pid > 0}
+        """Every process holding or waiting (worked out once: the view is built by then)."""
+        if self.known_pids is None:
+            found = {h.pid for view in self.locks for h in view.holders if h.pid > 0}
+            found |= {w.waiter.pid for w in self.waiters if w.waiter.pid > 0}
+            self.known_pids = found
+        return self.known_pids
 
 
 @dataclass

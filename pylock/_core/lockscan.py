@@ -170,7 +170,7 @@ def read_table() -> LockTable:
     scan.name_files()
     for lock in locks:
         lock.holders = scan.held.get(lock.words, [])
-    _name_ofd_waiters(waiters)
+    _name_ofd_waiters(waiters, _descriptors_on(scan, locks))
     files = {line.file for line in lines if line.file is not None}
     missing = files - scan.paths.keys()
     if missing:
@@ -200,7 +200,18 @@ _FCNTL = {"x86_64": 72, "aarch64": 25}
 _F_OFD_SETLKW = 38
 
 
-def _name_ofd_waiters(waiters: list[Waiter]) -> None:
+def _descriptors_on(scan: _Scan, locks: list[Lock]) -> dict[int, set[int]]:
+    """inode -> the processes with a descriptor on it (holding a lock there or not)."""
+    found: dict[int, set[int]] = {}
+    for where, ino in scan.by_inode:
+        found.setdefault(ino, set()).add(where.pid)
+    for lock in locks:
+        if lock.file is not None:
+            found.setdefault(lock.file[2], set()).update(where.pid for where in lock.holders)
+    return found
+
+
+def _name_ofd_waiters(waiters: list[Waiter], on: dict[int, set[int]]) -> None:
     """/proc/locks names no process for a blocked OFD request (pid -1); a
     thread blocked in fcntl(F_OFD_SETLKW) on a descriptor of that file is
     it.  Named only where that is unambiguous: as many such threads as
@@ -214,7 +225,9 @@ def _name_ofd_waiters(waiters: list[Waiter]) -> None:
         return
     blocked: dict[FileKey, list[int]] = {}
     mounts = Mounts()
-    for pid in _pids():
+    # Only a process with a descriptor on the file can be blocked on it.
+    candidates = set().union(*(on.get(key[2], set()) for key in anonymous))
+    for pid in sorted(candidates):
         for fd in _blocked_in_ofd_wait(pid, number):
             key = _descriptor_file(pid, fd, mounts)
             if key in anonymous:

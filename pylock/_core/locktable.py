@@ -109,9 +109,10 @@ def read_proc_locks() -> list[LockLine]:
     taken and dropped in a loop).
     """
     records = [_records(size) for size in _FIRST_READS[:2]]
-    if Counter(key for key, _ in records[0]) != Counter(key for key, _ in records[1]):
-        records += [_records(size) for size in _FIRST_READS[2:]]
     counts = [Counter(key for key, _ in found) for found in records]
+    if counts[0] != counts[1]:
+        records += [_records(size) for size in _FIRST_READS[2:]]
+        counts += [Counter(key for key, _ in found) for found in records[2:]]
     middle = len(records) // 2
     wanted = {key: sorted(c[key] for c in counts)[middle] for key in set().union(*counts)}
     taken: Counter[bytes] = Counter()

@@ -180,7 +180,11 @@ def _signature(snap: Snapshot) -> str:
 
     from . import system_render
 
-    doc = system_render.json_doc(snap)
+    snap.clock = False
+    try:
+        doc = system_render.json_doc(snap)
+    finally:
+        snap.clock = True
     del doc["time"]
     return json.dumps(doc, sort_keys=True)
 

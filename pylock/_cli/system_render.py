@@ -5,15 +5,14 @@ exact bytes)."""
 
 from __future__ import annotations
 
-import base64
-import datetime as _dt
 import os
 from typing import Any
 
-from .._core.display import display, shell_words
+from .._core.display import display, json_text, json_texts, shell_words, stamp
 from .._core.locktable import FileKey
 from .._core.waitgraph import Deadlock
 from .._lock.record import hostname
+from .report import duration
 from .system_view import FileView, HolderView, Process, Snapshot
 
 
@@ -24,22 +23,6 @@ def file_name(key: FileKey | None) -> str:
     return f"{key[0]:02x}:{key[1]:02x}:{key[2]}"
 
 
-def _stamp(seconds: float) -> str:
-    moment = _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _age(seconds: float) -> str:
-    whole = max(0, int(seconds))
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-
-
 # -- text -------------------------------------------------------------------------
 
 
@@ -47,7 +30,7 @@ def summary(snap: Snapshot) -> str:
     locks = sum(view.lock.count for f in snap.files for view in f.locks)
     waiting = sum(len(f.waiters) for f in snap.files)
     text = (
-        f"{_stamp(snap.taken)}  {_plural(locks, 'lock')} on {_plural(len(snap.files), 'file')}, "
+        f"{stamp(snap.taken)}  {_plural(locks, 'lock')} on {_plural(len(snap.files), 'file')}, "
         f"{waiting} waiting, {_plural(len(snap.deadlocks), 'deadlock')}"
     )
     if snap.hidden:
@@ -101,7 +84,7 @@ def _named(pid: int, processes: dict[int, Process]) -> str:
 def _holder_note(holder: HolderView, now: float) -> str:
     notes = []
     if holder.since is not None:
-        notes.append(f"since {_stamp(holder.since)} ({_age(now - holder.since)})")
+        notes.append(f"since {stamp(holder.since)} ({duration(now - holder.since)})")
     if not holder.verified:
         notes.append(f"[unverified: {holder.note}]" if holder.pid else f"[{holder.note}]")
     if holder.info:
@@ -181,44 +164,16 @@ def deadlock_lines(deadlock: Deadlock, snap: Snapshot) -> list[str]:
 # -- JSON -------------------------------------------------------------------------
 
 
-def _text(out: dict[str, Any], name: str, value: str | None) -> None:
-    """out[name] = value; if value is not UTF-8 (surrogate escapes), the
-    exact bytes also go to out[name + "_base64"]."""
-    if value is None:
-        out[name] = None
-        return
-    try:
-        value.encode("utf-8")
-        out[name] = value
-    except UnicodeEncodeError:
-        raw = os.fsencode(value)
-        out[name] = raw.decode("utf-8", "replace")
-        out[name + "_base64"] = base64.b64encode(raw).decode("ascii")
-
-
-def _texts(out: dict[str, Any], name: str, values: tuple[str, ...]) -> None:
-    parts: list[dict[str, Any]] = []
-    for value in values:
-        part: dict[str, Any] = {}
-        _text(part, "v", value)
-        parts.append(part)
-    out[name] = [part["v"] for part in parts]
-    if any("v_base64" in part for part in parts):
-        out[name + "_base64"] = [
-            base64.b64encode(os.fsencode(value)).decode("ascii") for value in values
-        ]
-
-
 def _process_json(pid: int, snap: Snapshot) -> dict[str, Any]:
     """pid, program, argv, uid, user: a new dict (built once per process)."""
     found: dict[str, Any] | None = snap.rendered.get(("json", pid))
     if found is None:
         found = {"pid": pid if pid > 0 else None}
         proc = snap.processes.get(pid)
-        _text(found, "program", proc.program if proc else None)
-        _texts(found, "argv", proc.argv if proc else ())
+        json_text(found, "program", proc.program if proc else None)
+        json_texts(found, "argv", proc.argv if proc else None)
         found["uid"] = proc.uid if proc else None
-        _text(found, "user", proc.user if proc else None)
+        json_text(found, "user", proc.user if proc else None)
         snap.rendered["json", pid] = found
     return dict(found)
 
@@ -229,7 +184,7 @@ def _range_json(kind: str, mode: str, start: int, end: int | None) -> dict[str, 
 
 def _file_json(view: FileView, snap: Snapshot) -> dict[str, Any]:
     out: dict[str, Any] = {"file": file_name(view.key)}
-    _text(out, "path", view.path)
+    json_text(out, "path", view.path)
     out["locks"] = []
     for lock_view in view.locks:
         lock = lock_view.lock
@@ -252,7 +207,9 @@ def _file_json(view: FileView, snap: Snapshot) -> dict[str, Any]:
 def _holder_json(holder: HolderView, snap: Snapshot) -> dict[str, Any]:
     out = _process_json(holder.pid, snap)
     out.update(fds=holder.fds, verified=holder.verified, note=holder.note or None)
-    out["since"] = None if holder.since is None else _stamp(holder.since)
+    out["acquired_at"] = None if holder.since is None else stamp(holder.since)
+    held = None if holder.since is None else round(max(0.0, snap.taken - holder.since), 3)
+    out["held_for"] = held if snap.clock else None
     out.update(info=holder.info, record_private=holder.record_private)
     return out
 
@@ -265,13 +222,13 @@ def json_doc(snap: Snapshot) -> dict[str, Any]:
         for edge in deadlock.cycle:
             want = edge.waiter
             wanted = {"file": file_name(want.file)}
-            _text(wanted, "path", snap.paths.get(want.file) if want.file else None)
+            json_text(wanted, "path", snap.paths.get(want.file) if want.file else None)
             wanted.update(_range_json(want.kind, want.mode, want.start, want.end))
             cycle.append({"pid": want.pid, "waits_for": wanted, "held_by": edge.holder})
         deadlocks.append({"processes": list(deadlock.processes), "cycle": cycle})
     return {
         "host": hostname(),
-        "time": _stamp(snap.taken),
+        "time": stamp(snap.taken),
         "files": [_file_json(view, snap) for view in snap.files],
         "deadlocks": deadlocks,
         "hidden_pids": sorted(snap.hidden),

@@ -97,6 +97,7 @@ class Snapshot:
     paths: dict[FileKey, str]
     hidden: set[int]  # processes holding or waiting whose descriptors are hidden
     rendered: dict[tuple[str, int], Any] = field(default_factory=dict)  # per process, once
+    clock: bool = True  # False: no figure that changes as time passes (held_for)
 
 
 @dataclass

@@ -534,32 +534,36 @@ def _until_looked_again(pid: int, times: int = 3) -> None:
 def test_the_piped_live_view_is_a_stream_of_changes(
     tmp_path: Path, lockers: Callable[[], Locker]
 ) -> None:
-    """One snapshot per change, and none while nothing changes; plain lines."""
+    """One snapshot per change, and none while nothing changes (a pylock
+    holder's held_for grows with every look: it is not a change); plain lines."""
+    recorded = HolderProcess(tmp_path / "0-recorded.lock")
     args = ["who", "--system", "--watch", "--interval", "0.05", "--path", str(tmp_path)]
     stream = Child([PYLOCK, *args, "--json"], env=cli_env())
     text = Child([PYLOCK, *args], env=cli_env())
     try:
         seen = [json.loads(stream.expect(within=30))]
-        assert seen[0]["files"] == []
+        assert [f["path"] for f in seen[0]["files"]] == [str(tmp_path / "0-recorded.lock")]
+        assert seen[0]["files"][0]["locks"][0]["holders"][0]["held_for"] is not None
         first = text.expect(within=30)
-        assert first.endswith("0 locks on 0 files, 0 waiting, 0 deadlocks")
+        assert first.endswith("1 lock on 1 file, 0 waiting, 0 deadlocks")
         p = lockers()
         for name in ("a", "b", "c"):
             _until_looked_again(stream.pid)
             p.take("flock", "ex", str(tmp_path / name))
             seen.append(json.loads(stream.expect(within=30)))
             assert [f["path"] for f in seen[-1]["files"]][-1] == str(tmp_path / name), seen
-        shown = [[f["path"] for f in doc["files"]] for doc in seen]
+        shown = [[f["path"] for f in doc["files"]][1:] for doc in seen]
         assert shown[-1] == [str(tmp_path / n) for n in "abc"]
         while True:
             line = text.expect(within=30)
             assert "\x1b" not in line and "\r" not in line
-            if line.endswith("3 locks on 3 files, 0 waiting, 0 deadlocks"):
+            if line.endswith("4 locks on 4 files, 0 waiting, 0 deadlocks"):
                 break
-        assert text.expect(within=30) == str(tmp_path / "a")
+        assert text.expect(within=30) == str(tmp_path / "0-recorded.lock")
     finally:
         stream.close()
         text.close()
+        recorded.close()
 
 
 def test_the_live_view_redraws_in_place_on_a_terminal_and_gives_it_back(

@@ -10,7 +10,6 @@ the exact string, and gives a name that is not UTF-8 its exact bytes too.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 
 TYPE_CHECKING = False  # typing is not imported at run time (start-up: bench/README.md)
@@ -65,6 +64,8 @@ def _escape_exactly(char: str) -> str:
 def shell_words(words: Sequence[str]) -> str:
     """A command line for one line of a message: escaped, each word at most
     40 characters, quoted when it holds spaces, the whole at most 80."""
+    import shlex  # here, not at the top: it imports re, which `import pylock` must not
+
     shown = []
     for word in words:
         text = display(word)

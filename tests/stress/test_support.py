@@ -189,8 +189,33 @@ def test_readonly_mounts_refuse_writes(tmp_path: object) -> None:
 
 
 def test_env_with_repo_puts_checkout_first() -> None:
-    env = env_with_repo({"PYTHONPATH": "/elsewhere"})
-    assert env["PYTHONPATH"].split(os.pathsep) == [REPO_ROOT, "/elsewhere"]
+    """A child finds this checkout's tests first, and the suite's own pylock:
+    the checkout's root when that pylock is the checkout's, else a directory
+    holding only a link to tests/ (the checkout's pylock/ would shadow it)."""
+    import subprocess
+    import sys
+
+    import pylock
+
+    env = env_with_repo({**os.environ, "PYTHONPATH": "/elsewhere"})
+    first, rest = env["PYTHONPATH"].split(os.pathsep)[0], env["PYTHONPATH"].split(os.pathsep)[1:]
+    assert rest == ["/elsewhere"]
+    if first != REPO_ROOT:
+        assert os.listdir(first) == ["tests"]
+        assert os.path.realpath(os.path.join(first, "tests")) == os.path.join(REPO_ROOT, "tests")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import pylock, tests.support as s; print(pylock.__file__, s.REPO_ROOT)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd="/",
+        check=True,
+    ).stdout.split()
+    assert out == [os.path.realpath(pylock.__file__), REPO_ROOT]
 
 
 def test_child_lines_written_in_one_go_are_each_read_within_the_bound() -> None:

@@ -214,7 +214,7 @@ def test_lock_held_and_timeout_name_holder_and_host(etcd, lock_name):
             lock.acquire(blocking=False)
         assert not isinstance(held.value, LockTimeout)
         with pytest.raises(LockTimeout) as timed_out:
-            lock.acquire(timeout=0.3)
+            lock.acquire(timeout=1.0)
         for exc in (held.value, timed_out.value):
             assert exc.holder is not None and exc.holder.pid == holder.pid
             assert exc.holder.hostname == socket.gethostname()

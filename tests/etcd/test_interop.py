@@ -55,7 +55,7 @@ def test_an_etcdctl_holder_excludes_etcdlock_and_is_named_for_what_it_is(etcd, l
         [(seen_key, lease, created)] = keys(etcd.endpoint_list, recipe_prefix(lock_name))
         assert seen_key == key and key.startswith(recipe_prefix(lock_name))
         lock = etcd_lock(etcd, lock_name)
-        for attempt in (lambda: lock.acquire(blocking=False), lambda: lock.acquire(timeout=0.3)):
+        for attempt in (lambda: lock.acquire(blocking=False), lambda: lock.acquire(timeout=1.0)):
             with pytest.raises(LockHeld) as held:
                 attempt()
             holder = held.value.holder

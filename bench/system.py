@@ -43,6 +43,10 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PYLOCK = os.path.join(os.path.dirname(sys.executable), "pylock")
+TIMEOUT = 120
+# lslocks and lsof stat the files they list: one on a filesystem that stopped
+# answering (a FUSE server paused by another test, seen here) holds them up.
+HANG = "a file they look at is on a filesystem that does not answer; run again later"
 
 # A holder: takes its share of locks, forks copies sharing them, says "ready"
 # and holds until its stdin closes (the copies die with it: PR_SET_PDEATHSIG).
@@ -206,9 +210,11 @@ def check(state: State) -> dict[str, Any]:
     inodes = {os.stat(os.path.join(state.dir, name)).st_ino for name in os.listdir(state.dir)}
     off = []
     for _ in range(5):
-        listed = subprocess.run(
-            ["lslocks", "--json", "-o", "INODE,MODE"], capture_output=True, text=True
-        )
+        argv = ["lslocks", "--json", "-o", "INODE,MODE"]
+        try:
+            listed = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"lslocks did not finish in {TIMEOUT} s: {HANG}") from None
         theirs = [lk for lk in json.loads(listed.stdout)["locks"] if lk["inode"] in inodes]
         held = sum(1 for lk in theirs if not lk["mode"].endswith("*"))
         off.append((held - built[0], len(theirs) - held - built[1]))
@@ -219,11 +225,12 @@ def run(argv: list[str]) -> float:
     """Seconds from spawn to exit, the output drained through a pipe."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    while proc.stdout.read(1 << 16):
-        pass
-    proc.wait()
-    proc.stdout.close()
+    try:
+        proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise SystemExit(f"{argv[0]} did not finish in {TIMEOUT} s: {HANG}") from None
     return time.perf_counter() - start
 
 

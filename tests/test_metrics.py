@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import subprocess
@@ -33,6 +34,10 @@ HOLDER = textwrap.dedent(
 
 @pytest.fixture
 def observed():
+    # Locks earlier tests dropped in reference cycles (a caught LockHeld's
+    # traceback holds its Lock) are open until the collector runs, and an
+    # open lock keeps its row: collect them so each test sees only its own.
+    gc.collect()
     metrics.reset()
     metrics.enable()
     yield

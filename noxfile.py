@@ -73,6 +73,8 @@ PYLOCK_WITH_EXTRAS = ".[etcd,metrics]"
 TEST_DEPS = [
     "pytest",
     "hypothesis",
+    # filelock: tests/filelock lock beside filelock's own FileLock.
+    "filelock",
     "uvloop; sys_platform != 'win32' and platform_python_implementation == 'CPython'",
 ]
 

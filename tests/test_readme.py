@@ -34,6 +34,7 @@ import pytest
 
 from tests.support import REPO_ROOT, env_with_repo
 from tests.support.children import HolderProcess
+from tests.support.cli import PYLOCK
 
 README = Path(REPO_ROOT) / "README.md"
 pytestmark = pytest.mark.checkout  # reads README.md, .ci/run and examples/
@@ -78,7 +79,7 @@ def blocks() -> list[Block]:
 
 
 BLOCKS = blocks()
-RUN = [b for b in BLOCKS if b.lang in ("python", "sh") and b.runner != "skip"]
+RUN = [b for b in BLOCKS if b.lang in ("python", "sh", "console") and b.runner != "skip"]
 
 
 # -- what every block and link must be ---------------------------------------------
@@ -320,7 +321,69 @@ def etcd(block: Block, tmp_path: Path, request: Any) -> None:
     assert (done.returncode, done.stderr) == (0, "")
 
 
+# A console session: each `$` command runs in turn in bash, and what it prints
+# must be the lines below it, but for what differs from machine to machine.
+VARIES = [  # (as the README shows it, what it may be here); None: the test's directory
+    (r"/tmp/demo", None),
+    (r"pid \d+", r"pid \d+"),
+    (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"),
+    (r"for \d+s", r"for \d+s"),
+    (r" on vm\b", r" on \S+"),
+    # `pylock` as this machine runs it: its interpreter and script path.
+    (r"python3 /tmp/plv/bin/pylock", r"\S+ \S*pylock"),
+    # The sleep backup.sh just forked may not have exec'd sleep yet.
+    (r"\(sleep 30\)", r"\((?:sh|sleep) .*\)"),
+]
+
+
+def expected_line(shown: str, where: Path) -> re.Pattern[str]:
+    """shown as a pattern: its literal text, and what varies as VARIES says."""
+    pattern, last = [], 0
+    for match in re.finditer("|".join(f"({varies})" for varies, _ in VARIES), shown):
+        assert match.lastindex is not None
+        instead = VARIES[match.lastindex - 1][1]
+        pattern += [re.escape(shown[last : match.start()]), instead or re.escape(str(where))]
+        last = match.end()
+    return re.compile("".join([*pattern, re.escape(shown[last:])]))
+
+
+def session(block: Block, tmp_path: Path, request: Any) -> None:
+    steps: list[tuple[str, list[str]]] = []
+    for line in block.code.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:], []))
+        else:
+            steps[-1][1].append(line)
+    os.mkfifo(tmp_path / "started")
+    (tmp_path / "backup.sh").write_text("#!/bin/sh\nsleep 30 &\necho up > started\nwait\n")
+    (tmp_path / "backup.sh").chmod(stat.S_IRWXU)
+    env = env_with_repo({**os.environ, "PATH": f"{os.path.dirname(PYLOCK)}:{os.environ['PATH']}"})
+    background: list[subprocess.Popen[bytes]] = []
+    try:
+        for command, shown in steps:
+            if command.endswith("&"):
+                background.append(subprocess.Popen(
+                    ["bash", "-c", command.rstrip("& ")], cwd=tmp_path, env=env,
+                    stdout=subprocess.DEVNULL, start_new_session=True,
+                ))  # fmt: skip
+                assert (tmp_path / "started").read_text() == "up\n"  # backup.sh runs, locked
+                continue
+            done = subprocess.run(
+                ["bash", "-c", f"exec 2>&1; {command}"], cwd=tmp_path, env=env,
+                stdout=subprocess.PIPE, text=True, timeout=60,
+            )  # fmt: skip
+            printed = done.stdout.splitlines()
+            assert len(printed) == len(shown), (command, printed)
+            for line, expected in zip(printed, shown):
+                assert expected_line(expected, tmp_path).fullmatch(line), (command, line, expected)
+    finally:
+        for job in background:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+
+
 RUNNERS: dict[str, Callable[[Block, Path, Any], None]] = {
+    "session": session,
     "first-screen": first_screen,
     "exit-watch": exit_watch,
     "exit-watcher": exit_watcher,

@@ -122,7 +122,7 @@ def test_ci_runs_the_readme_commands_exactly() -> None:
 
 @pytest.mark.parametrize("block", RUN, ids=str)
 def test_the_block_runs_as_shown(block: Block, tmp_path: Path, request: Any) -> None:
-    runner = RUNNERS[block.runner] if block.runner else (run_as_is)
+    runner = RUNNERS[block.runner] if block.runner else run_as_is
     runner(block, tmp_path, request)
 
 

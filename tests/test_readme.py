@@ -34,7 +34,7 @@ import pytest
 
 from tests.support import REPO_ROOT, env_with_repo
 from tests.support.children import HolderProcess
-from tests.support.cli import PYLOCK
+from tests.support.cli import PYLOCK, Holder
 
 README = Path(REPO_ROOT) / "README.md"
 pytestmark = pytest.mark.checkout  # reads README.md, .ci/run and examples/
@@ -324,13 +324,15 @@ def etcd(block: Block, tmp_path: Path, request: Any) -> None:
 # A console session: each `$` command runs in turn in bash, and what it prints
 # must be the lines below it, but for what differs from machine to machine.
 VARIES = [  # (as the README shows it, what it may be here); None: the test's directory
-    (r"/tmp/demo", None),
+    (r"/tmp/demo|/srv/jobs", None),
     (r"pid \d+", r"pid \d+"),
     (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"),
     (r"for \d+s", r"for \d+s"),
     (r" on vm\b", r" on \S+"),
     # `pylock` as this machine runs it: its interpreter and script path.
     (r"python3 /tmp/plv/bin/pylock", r"\S+ \S*pylock"),
+    (r"\(python3 /usr/local/bin/pylock run \.\.\.\)", r"\(\S+ \S*pylock run .*\)"),
+    (r"took \d+\.\d+ seconds", r"took \d+\.\d+ seconds"),
     # The sleep backup.sh just forked may not have exec'd sleep yet.
     (r"\(sleep 30\)", r"\((?:sh|sleep) .*\)"),
 ]
@@ -347,43 +349,68 @@ def expected_line(shown: str, where: Path) -> re.Pattern[str]:
     return re.compile("".join([*pattern, re.escape(shown[last:])]))
 
 
-def session(block: Block, tmp_path: Path, request: Any) -> None:
+def session_env(tmp_path: Path, *first_on_path: Path) -> dict[str, str]:
+    path = ":".join([*map(str, first_on_path), os.path.dirname(PYLOCK), os.environ["PATH"]])
+    return env_with_repo({**os.environ, "PATH": path})
+
+
+def run_session(block: Block, where: Path, env: dict[str, str]) -> None:
+    """Each `$` command in turn; one ending in `&` runs in the background
+    until the session ends, and must say "up" on the FIFO `started` first."""
     steps: list[tuple[str, list[str]]] = []
     for line in block.code.splitlines():
         if line.startswith("$ "):
             steps.append((line[2:], []))
         else:
             steps[-1][1].append(line)
-    os.mkfifo(tmp_path / "started")
-    (tmp_path / "backup.sh").write_text("#!/bin/sh\nsleep 30 &\necho up > started\nwait\n")
-    (tmp_path / "backup.sh").chmod(stat.S_IRWXU)
-    env = env_with_repo({**os.environ, "PATH": f"{os.path.dirname(PYLOCK)}:{os.environ['PATH']}"})
     background: list[subprocess.Popen[bytes]] = []
     try:
         for command, shown in steps:
             if command.endswith("&"):
                 background.append(subprocess.Popen(
-                    ["bash", "-c", command.rstrip("& ")], cwd=tmp_path, env=env,
+                    ["bash", "-c", command.rstrip("& ")], cwd=where, env=env,
                     stdout=subprocess.DEVNULL, start_new_session=True,
                 ))  # fmt: skip
-                assert (tmp_path / "started").read_text() == "up\n"  # backup.sh runs, locked
+                assert (where / "started").read_text() == "up\n"
                 continue
             done = subprocess.run(
-                ["bash", "-c", f"exec 2>&1; {command}"], cwd=tmp_path, env=env,
+                ["bash", "-c", f"exec 2>&1; {command}"], cwd=where, env=env,
                 stdout=subprocess.PIPE, text=True, timeout=60,
             )  # fmt: skip
             printed = done.stdout.splitlines()
             assert len(printed) == len(shown), (command, printed)
             for line, expected in zip(printed, shown):
-                assert expected_line(expected, tmp_path).fullmatch(line), (command, line, expected)
+                assert expected_line(expected, where).fullmatch(line), (command, line, expected)
     finally:
         for job in background:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
 
 
+def session(block: Block, tmp_path: Path, request: Any) -> None:
+    os.mkfifo(tmp_path / "started")
+    # Up once it runs under the lock, with its sleep started.
+    (tmp_path / "backup.sh").write_text("#!/bin/sh\nsleep 30 &\necho up > started\nwait\n")
+    (tmp_path / "backup.sh").chmod(stat.S_IRWXU)
+    run_session(block, tmp_path, session_env(tmp_path))
+
+
+def flock_session(block: Block, tmp_path: Path, request: Any) -> None:
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    env = session_env(tmp_path, home / "bin")
+    env["HOME"] = str(home)
+    holder = Holder([PYLOCK, "run"], str(tmp_path / "backup.lock"))
+    try:
+        run_session(block, tmp_path, env)
+    finally:
+        holder.release()
+    assert os.readlink(home / "bin" / "flock") == PYLOCK
+
+
 RUNNERS: dict[str, Callable[[Block, Path, Any], None]] = {
     "session": session,
+    "flock-session": flock_session,
     "first-screen": first_screen,
     "exit-watch": exit_watch,
     "exit-watcher": exit_watcher,

@@ -112,7 +112,10 @@ def test_ci_runs_the_readme_commands_exactly() -> None:
     (first,) = [b for b in BLOCKS if b.lang == "sh" and "demo.py" in b.code]
     commands = [line for line in first.code.splitlines() if line and not line.startswith("#")]
     assert len(commands) == 2
-    ci = (Path(REPO_ROOT) / ".ci" / "run").read_text().splitlines()
+    run = Path(REPO_ROOT) / ".ci" / "run"
+    if not run.exists():
+        pytest.skip("no .ci/run here: the sdist carries the tests, not the CI")
+    ci = run.read_text().splitlines()
     for command in commands:
         assert command in ci, f".ci/run does not run the README's command: {command}"
 

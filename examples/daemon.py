@@ -15,7 +15,9 @@
    pylock.bind_port serves them over HTTP (/metrics, Prometheus text format
    when prometheus_client is installed, else JSON).
 
-SIGTERM (from systemd, or from a successor's takeover) stops it cleanly.
+SIGTERM (from systemd, or from a successor's takeover) and Ctrl-C stop it
+cleanly, and so does an error or a closed stdout: the socket is removed and the
+singleton let go of, never left to the next instance to clean up.
 """
 
 from __future__ import annotations
@@ -72,14 +74,16 @@ async def serve_metrics(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
     writer.close()
 
 
-async def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
-    parser.add_argument("--data", type=Path, required=True, help="the data directory")
+    parser.add_argument("--data", type=Path, required=True, help="the data directory (made if new)")
     parser.add_argument("--takeover", type=float, metavar="GRACE", help="replace a running one")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT")
     parser.add_argument("--socket", type=Path, help="the unix socket (default: DATA/daemon.sock)")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def enable_metrics() -> None:
     metrics.enable()
     try:
         import prometheus_client
@@ -89,41 +93,68 @@ async def main() -> int:
     except ImportError:
         pass
 
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    """Serve as the one instance until stop is set; whatever ends it (stop,
+    an error, a closed stdout) removes our socket and closes what we opened."""
+    removed = recover(args.data)
+    socket_path = args.socket or args.data / "daemon.sock"
+    listener = pylock.claim_unix_socket(socket_path, mode=0o660)
+    port_socket = None
+    servers: list[asyncio.Server] = []
     try:
+        servers.append(await asyncio.start_unix_server(serve_client, sock=listener))
+        if args.metrics_port:
+            port_socket = pylock.bind_port(args.metrics_port, "127.0.0.1")
+            servers.append(await asyncio.start_server(serve_metrics, sock=port_socket))
+        metrics_url = f" metrics=http://127.0.0.1:{args.metrics_port}/metrics"
+        print(
+            f"ready pid={os.getpid()} recovered={removed} socket={socket_path}"
+            + (metrics_url if port_socket else ""),
+            flush=True,
+        )
+        await stop.wait()
+    finally:
+        # In reverse: stop serving, remove our socket, and (in main) let go of
+        # the singleton last, so a successor never sees our socket while we run.
+        for server in servers:
+            server.close()
+        if port_socket is not None:
+            port_socket.close()
+        listener.close()
+        socket_path.unlink(missing_ok=True)
+
+
+async def main() -> int:
+    args = parse_args()
+    enable_metrics()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        args.data.mkdir(parents=True, exist_ok=True)
         instance = await pylock.singleton_async(
             directory=args.data, takeover=args.takeover, info={"service": "example-daemon"}
         )
     except pylock.LockHeld as exc:
         print(f"daemon: already running: {exc}", file=sys.stderr)
         return 75  # EX_TEMPFAIL
-    removed = recover(args.data)
-    socket_path = args.socket or args.data / "daemon.sock"
-    listener = pylock.claim_unix_socket(socket_path, mode=0o660)
-    server = await asyncio.start_unix_server(serve_client, sock=listener)
-    metrics_server = None
-    if args.metrics_port:
-        port_socket = pylock.bind_port(args.metrics_port, "127.0.0.1")
-        metrics_server = await asyncio.start_server(serve_metrics, sock=port_socket)
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    print(
-        f"ready pid={os.getpid()} recovered={removed} socket={socket_path}"
-        + (f" metrics=http://127.0.0.1:{args.metrics_port}/metrics" if metrics_server else ""),
-        flush=True,
-    )
-    await stop.wait()
-
-    # Shut down in reverse: stop serving, remove our socket, then let go of the
-    # singleton last, so a successor never sees our socket while we still run.
-    server.close()
-    if metrics_server is not None:
-        metrics_server.close()
-        port_socket.close()
-    socket_path.unlink(missing_ok=True)
-    instance.close()
+    except (pylock.LockError, OSError) as exc:
+        print(f"daemon: cannot start: {exc}", file=sys.stderr)
+        return 1
+    try:
+        await serve(args, stop)
+    except BrokenPipeError:
+        # Whoever read our stdout went away: nothing more can be said, and the
+        # interpreter must not fail flushing it at exit either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (pylock.LockError, OSError) as exc:
+        print(f"daemon: stopped: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        instance.close()
     return 0
 
 

@@ -162,7 +162,10 @@ class _Observer:
     holds_of = staticmethod(holds_of)
     conflicted = staticmethod(conflicted)
     waited = staticmethod(waited)
-    gave_up = staticmethod(waited)
+    # The same staticmethod (a contended attempt that gave up waited too):
+    # wrapping it again would make a staticmethod of a staticmethod, which
+    # Python 3.9 cannot call.
+    gave_up = waited
 
     @staticmethod
     def stats_of(path: str) -> LockStats:

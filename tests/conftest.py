@@ -186,3 +186,20 @@ def public_dir() -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def char_device() -> Iterator[str]:
+    """A character device no other process knows of: the slave of a fresh
+    pseudo-terminal.  A shared device such as /dev/null may be flocked by any
+    process of the host, which would turn a test of locking a device into a
+    wait for a stranger."""
+    try:
+        master, slave = os.openpty()
+    except OSError as exc:  # a container without /dev/pts
+        pytest.skip(f"no pseudo-terminal to lock as a device: {exc}")
+    try:
+        yield os.ttyname(slave)
+    finally:
+        os.close(slave)
+        os.close(master)

@@ -45,7 +45,7 @@ def observed():
     metrics.reset()
 
 
-def test_off_by_default_and_nothing_counted():
+def test_off_by_default_and_nothing_counted(tmp_path):
     assert current_observer() is None and not metrics.enabled()
     out = subprocess.run(
         [
@@ -55,7 +55,7 @@ def test_off_by_default_and_nothing_counted():
             "l = pylock.Lock(sys.argv[1]); "
             "l.acquire(); l.release(); print(current_observer(), l.stats.acquisitions, "
             "'pylock.metrics' in sys.modules)",
-            "/tmp/pylock-metrics-off.lock",
+            str(tmp_path / "off.lock"),
         ],
         capture_output=True,
         text=True,

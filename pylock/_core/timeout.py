@@ -3,7 +3,8 @@
 None, -1 and +inf wait forever; any other number of seconds >= 0 waits that
 long, however large (a wait beyond FOREVER_S, about 146 years, is a wait
 without a deadline, so no conversion can overflow); other negatives and NaN
-raise ValueError; what is not a real number raises TypeError.  Deadlines
+raise ValueError; what is not a real number, and a bool (True is not "one
+second" but a slip for blocking=True), raises TypeError.  Deadlines
 are on time.monotonic().
 """
 
@@ -21,6 +22,13 @@ def check_timeout(timeout: object) -> float | None:
     """timeout in seconds, or None to wait forever; ValueError/TypeError if invalid."""
     if timeout is None:
         return None
+    if isinstance(timeout, bool):
+        # threading.Lock would wait 1 s for True; here it is taken for the
+        # mistake it almost always is (blocking=True meant), as filelock does.
+        raise TypeError(
+            f"timeout must be None or a number of seconds, not bool ({timeout}): "
+            "blocking= is the argument that takes True or False"
+        )
     if isinstance(timeout, (str, bytes, bytearray)) or not hasattr(timeout, "__float__"):
         kind = type(timeout).__name__
         raise TypeError(f"timeout must be None or a number of seconds, not {kind}")

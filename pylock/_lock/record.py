@@ -70,6 +70,13 @@ def check_info(info: dict[str, Any] | None) -> None:
         return
     if not isinstance(info, dict):
         raise TypeError(f"info must be a dict (it is recorded as JSON), not {type(info).__name__}")
+    key = _key_not_a_string(info)
+    if key is not _ALL_STRINGS:
+        # json.dumps would write {1: 2} as {"1": 2}: the holder's info would not
+        # be what was given.
+        raise TypeError(
+            f"info keys must be strings, as JSON's are: {key!r} is {type(key).__name__}"
+        )
     import json
 
     try:
@@ -77,6 +84,10 @@ def check_info(info: dict[str, Any] | None) -> None:
         encoded = json.dumps(info, separators=(",", ":"), sort_keys=True, allow_nan=False)
     except RecursionError:
         raise ValueError("info nests too deeply to be recorded") from None
+    except TypeError as exc:
+        raise TypeError(f"info must be JSON-able (it is recorded as JSON): {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"info must be JSON (it is recorded as JSON): {exc}") from None
     if len(encoded) > MAX_INFO:
         raise ValueError(f"info is {len(encoded)} bytes as JSON; at most {MAX_INFO}")
     if _depth(info) > _MAX_INFO_DEPTH:
@@ -247,6 +258,30 @@ def _checked(fields: dict[str, Any]) -> dict[str, Any] | None:
 
 def _is_int(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+_ALL_STRINGS = object()
+
+
+def _key_not_a_string(value: Any) -> Any:
+    """The first dict key in value, at any depth, that is not a str, else
+    _ALL_STRINGS; without recursion, and each container looked at once (a
+    dict that contains itself is json.dumps' to refuse)."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, (dict, list, tuple)) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    return key
+            stack.extend(item.values())
+        else:
+            stack.extend(item)
+    return _ALL_STRINGS
 
 
 def _depth(value: Any) -> int:

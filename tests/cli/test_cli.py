@@ -88,7 +88,9 @@ def test_new_file_is_created_0666_less_the_umask(tmp_path: Path) -> None:
         assert stat.S_IMODE(path.stat().st_mode) == expected, oct(umask)
 
 
-def test_directories_and_devices_are_locked_without_a_record(tmp_path: Path) -> None:
+def test_directories_and_devices_are_locked_without_a_record(
+    tmp_path: Path, char_device: str
+) -> None:
     directory = tmp_path / "d"
     directory.mkdir()
     before = sorted(os.listdir(directory))
@@ -101,7 +103,7 @@ def test_directories_and_devices_are_locked_without_a_record(tmp_path: Path) -> 
         holder.release()
     assert cli("run", "-n", str(directory), "true").returncode == 0
     assert sorted(os.listdir(directory)) == before
-    out = cli("run", "-n", "/dev/null", "true")
+    out = cli("run", "-n", char_device, "true")
     assert (out.returncode, out.stderr) == (0, "")
     out = cli("run", "-n", f"{directory}/", "true")
     assert (out.returncode, out.stderr) == (0, "")

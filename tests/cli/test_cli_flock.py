@@ -25,6 +25,7 @@ from tests.support.kernel_locks import wait_blocked
 
 F = "F"  # stands for the lock file in the rows below
 D = "D"  # a directory
+C = "C"  # a character device of the test's own (any process may flock /dev/null)
 
 # (holder, arguments): holder is None, "exclusive" or "shared" (a flock(1) process).
 ROWS: list[tuple[str | None, list[str]]] = [
@@ -59,7 +60,7 @@ ROWS: list[tuple[str | None, list[str]]] = [
     (None, [F, "-c", "echo $0 ran"]),
     (None, [F, "--command", "echo ran"]),
     (None, [D, "true"]),
-    (None, ["/dev/null", "true"]),
+    (None, [C, "true"]),
     # Usage errors: 64.
     (None, ["-Z", F, "true"]),
     (None, ["--bogus", F, "true"]),
@@ -101,18 +102,20 @@ ROWS: list[tuple[str | None, list[str]]] = [
 ]
 
 
-def _materialise(args: list[str], tmp_path: Path) -> list[str]:
-    names = {F: str(tmp_path / "lock"), D: str(tmp_path / "dir")}
+def _materialise(args: list[str], tmp_path: Path, device: str) -> list[str]:
+    names = {F: str(tmp_path / "lock"), D: str(tmp_path / "dir"), C: device}
     return [names.get(word, word) for word in args]
 
 
 @needs_flock
 @pytest.mark.parametrize(("holder", "args"), ROWS, ids=lambda v: " ".join(v) if v else str(v))
-def test_side_by_side_with_flock(tmp_path: Path, holder: str | None, args: list[str]) -> None:
+def test_side_by_side_with_flock(
+    tmp_path: Path, char_device: str, holder: str | None, args: list[str]
+) -> None:
     assert FLOCK is not None
     (tmp_path / "dir").mkdir()
     lock = str(tmp_path / "lock")
-    argv = _materialise(args, tmp_path)
+    argv = _materialise(args, tmp_path, char_device)
     results = []
     for tool in ([FLOCK], [PYLOCK, "run", "-q"]):
         held = None

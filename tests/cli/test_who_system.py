@@ -522,6 +522,11 @@ def test_another_user_sees_what_the_kernel_shows_it_and_nothing_invented(
 # -- the live view -------------------------------------------------------------------------
 
 
+# Where time.sleep() waits in the kernel: clock_nanosleep from Python 3.11 on,
+# select() before (poll_schedule_timeout, with a compiler's suffix or none).
+TIME_SLEEP_WCHANS = ("hrtimer_nanosleep", "poll_schedule_timeout")
+
+
 def _until_looked_again(pid: int, times: int = 3) -> None:
     """Return once the live view has gone to sleep between two looks `times`
     more times (its wchan, as the kernel shows it): it looked again, and a
@@ -530,7 +535,7 @@ def _until_looked_again(pid: int, times: int = 3) -> None:
     was, seen = True, 0
     while seen < times:
         with open(f"/proc/{pid}/wchan") as f:
-            asleep = f.read() == "hrtimer_nanosleep"
+            asleep = f.read().split(".")[0] in TIME_SLEEP_WCHANS
         seen += asleep and not was
         was = asleep
         assert time.monotonic() < deadline, "the live view stopped looking"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import pylock
 from tests.support import REPO_ROOT, env_with_repo
 
 EXAMPLE = os.path.join(REPO_ROOT, "examples", "daemon.py")
@@ -100,3 +102,52 @@ def test_a_killed_daemons_socket_is_replaced(tmp_path, procs, monkeypatch):
     again = start(tmp_path)
     procs.append(again)
     assert ping(ready(again)["socket"]) == f"pong {again.pid}"
+
+
+def singleton_free(data: Path) -> bool:
+    return pylock.Lock(data / "pylock-singleton.lock").holder() is None
+
+
+def test_a_new_data_directory_is_made_and_ctrl_c_stops_cleanly(tmp_path, procs):
+    data = tmp_path / "new" / "data"  # neither exists yet
+    daemon = start(data)
+    procs.append(daemon)
+    facts = ready(daemon)
+    assert data.is_dir() and ping(facts["socket"]) == f"pong {daemon.pid}"
+    daemon.send_signal(signal.SIGINT)
+    _, err = daemon.communicate(timeout=60)
+    assert (daemon.returncode, err) == (0, "")
+    assert not os.path.exists(facts["socket"]) and singleton_free(data)
+
+
+def test_a_closed_stdout_stops_it_cleanly(tmp_path):
+    # Its reader is gone before it says "ready" (`daemon.py ... | head -0`).
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    daemon = subprocess.Popen(
+        [sys.executable, EXAMPLE, "--data", str(tmp_path)],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env_with_repo(),
+    )
+    os.close(write_end)
+    _, err = daemon.communicate(timeout=60)
+    assert (daemon.returncode, err) == (1, "")
+    assert not (tmp_path / "daemon.sock").exists() and singleton_free(tmp_path)
+
+
+def test_an_error_after_the_socket_is_claimed_removes_it(tmp_path, procs, monkeypatch):
+    monkeypatch.setenv("PYLOCK_PORT_DIR", str(tmp_path / "ports"))
+    port = free_port()
+    held = pylock.port_lock(port)  # something else holds the port's lock
+    try:
+        daemon = start(tmp_path, "--metrics-port", str(port))
+        procs.append(daemon)
+        out, err = daemon.communicate(timeout=60)
+    finally:
+        held.close()
+    assert daemon.returncode == 1 and out == ""
+    assert err.startswith("daemon: stopped: ") and f"pid {os.getpid()}" in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "daemon.sock").exists() and singleton_free(tmp_path)

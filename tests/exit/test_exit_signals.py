@@ -47,6 +47,7 @@ PRELUDE = textwrap.dedent(
     import asyncio, ctypes, json, os, signal, subprocess, sys, threading
     import pylock
     from pylock._core import process as _process
+    from tests.support import loops
 
     out = {"pinning": _process.pinning_available()}
 
@@ -76,8 +77,8 @@ PRELUDE = textwrap.dedent(
     def runner(kind):
         if kind == "uvloop":
             import uvloop
-            return asyncio.Runner(loop_factory=uvloop.new_event_loop)
-        return asyncio.Runner()
+            return loops.runner(uvloop.new_event_loop)
+        return loops.runner()
 
     async def started(coro):
         task = asyncio.ensure_future(coro)

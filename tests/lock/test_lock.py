@@ -3,7 +3,9 @@ file identity and creation mode.  Real processes, real flock; pipes synchronise.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import math
 import os
 import signal
 import subprocess
@@ -510,6 +512,41 @@ def test_bad_mode_and_unserialisable_info_are_refused_at_construction(lock_path:
     assert not os.path.exists(lock_path)
     # A refused construction must not leave an object whose __del__ then fails.
     assert [repr(u.exc_value) for u in ignored] == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "info", [{1: 2}, {"a": {None: 1}}, {"a": [{"b": {2.5: 1}}]}, {"a": ({True: 1},)}]
+)
+def test_info_with_a_key_json_would_rewrite_is_refused_naming_it(lock_path: str, info) -> None:
+    # json.dumps writes {1: 2} as {"1": 2}: the holder's info would differ from the one given.
+    with pytest.raises(TypeError, match="info keys must be strings"):
+        pylock.Lock(lock_path, info=info)
+    assert not os.path.exists(lock_path)
+
+
+def test_info_that_is_not_json_is_refused_naming_info(lock_path: str) -> None:
+    with pytest.raises(TypeError, match=r"info must be JSON-able.*set"):
+        pylock.Lock(lock_path, info={"x": {1, 2}})
+    with pytest.raises(ValueError, match=r"info must be JSON.*float"):
+        pylock.Lock(lock_path, info={"x": math.nan})
+    # Tuples are JSON arrays, as for json.dumps: kept.
+    with pylock.Lock(lock_path, info={"x": (1, 2)}) as lock:
+        holder = lock.holder()
+    assert holder is not None and holder.info == {"x": [1, 2]}
+
+
+@pytest.mark.parametrize("timeout", [True, False])
+def test_a_bool_timeout_is_refused_and_nothing_is_held(lock_path: str, timeout: bool) -> None:
+    lock = pylock.Lock(lock_path)
+    with pytest.raises(TypeError, match="timeout must be None or a number of seconds, not bool"):
+        lock.acquire(timeout=timeout)
+    assert not lock.locked and not os.path.exists(lock_path)  # refused before any open
+    with pytest.raises(TypeError, match="not bool"):
+        asyncio.run(lock.acquire_async(timeout=timeout))
+    assert not lock.locked
+    with pytest.raises(TypeError, match="not bool"):
+        pylock.wait_exit(os.getppid(), timeout=timeout)
+    lock.close()
 
 
 def test_descriptor_is_close_on_exec(lock_path: str) -> None:

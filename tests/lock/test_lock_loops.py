@@ -15,6 +15,7 @@ from typing import Any, Callable
 import pytest
 
 import pylock
+from tests.support import loops
 from tests.support.kernel_locks import free_from_elsewhere
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
@@ -30,7 +31,7 @@ def run_on(kind: str, main: Callable[[], Any]) -> Any:
     if kind == "uvloop":
         import uvloop
 
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        with loops.runner(uvloop.new_event_loop) as runner:
             return runner.run(main())
     return asyncio.run(main())
 

@@ -37,6 +37,8 @@ class Sizes:
     startup: int  # processes per start-up row
     block_ms: tuple[float, float]  # a waiter is blocked uniformly this long
     death_block_ms: tuple[float, float]
+    waiters: tuple[int, ...] = (1000, 4000)  # tasks waiting at once, one lock each
+    waiter_rounds: int = 1
 
 
 FULL = Sizes(
@@ -55,6 +57,7 @@ FULL = Sizes(
     # the release falls at a uniformly random phase of every poll schedule.
     block_ms=(20.0, 270.0),
     death_block_ms=(10.0, 110.0),
+    waiter_rounds=3,
 )
 QUICK = Sizes(
     uncontended=5000,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -102,6 +103,8 @@ def render(
         _startup(d, results["startup"], sizes)
     if "front" in results:
         _front(d, results["front"], sizes)
+    if "waiters" in results:
+        _waiters(d, results["waiters"])
     return Report(
         "\n".join(d.lines).rstrip() + "\n", d.failed, "\n".join(summary.lines).rstrip() + "\n"
     )
@@ -401,3 +404,42 @@ def _startup(d: Doc, rows: dict[str, Row], sizes: Sizes) -> None:
 
 
 # -- README -------------------------------------------------------------------
+
+
+def _waiters(d: Doc, rows: dict[str, Row]) -> None:
+    d.add(
+        "## Many waiting tasks",
+        "",
+        "N asyncio tasks of one process, each waiting for its own lock, all held by one "
+        "other (pylock) process, which is then killed with SIGKILL. Threads: how many the "
+        "waiting process has beyond those it had before the tasks. RSS: its growth per "
+        "waiting task. Idle CPU: while everything waits, in percent of one core. Wake-all: "
+        "from the SIGKILL until the last task holds its lock (median of the rounds).",
+        "",
+    )
+    table = []
+    for key, row in rows.items():
+        lib, n = key.rsplit(" ", 1)
+        if not row.ok:
+            table.append([lib, n, row.error or "no samples", "", "", "", ""])
+            continue
+        mine = statistics.median(row.samples)
+        peer = rows.get(f"filelock-async {n}")
+        ratio = ""
+        if peer is not None and peer.ok:
+            ratio = f"{mine / statistics.median(peer.samples):.2f}x"
+        table.append(
+            [
+                lib,
+                n,
+                str(max(row.extra["threads"])),
+                f"{statistics.median(row.extra['rss']) / 1024:.1f} KiB",
+                f"{max(row.extra['cpu']):.2f}%",
+                fmt_ns(mine),
+                ratio,
+            ]
+        )
+    d.table(
+        ["library", "N", "threads", "RSS per waiter", "idle CPU", "wake-all", "vs AsyncFileLock"],
+        table,
+    )

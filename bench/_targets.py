@@ -207,4 +207,43 @@ def _earlier_targets(res: Results) -> list[Target]:
 
 def targets(res: Results) -> list[Target]:
     """Every target with its figure from this run and whether it is met."""
-    return _targets_14(res) + _earlier_targets(res)
+    return _targets_14(res) + _waiters(res) + _earlier_targets(res)
+
+
+def _waiters(res: Results) -> list[Target]:
+    """Issue 23: thousands of waiting tasks."""
+    rows = res.get("waiters")
+    pylock = {n: get(rows, f"pylock-async {n}") for n in (1000, 4000)}
+    peer = get(rows, "filelock-async 4000")
+    out = [
+        _ratio(
+            "23: N = 4,000 waiters all hold their locks within 0.25x AsyncFileLock's time",
+            pylock[4000],
+            peer,
+            0.25,
+            False,
+        ),
+        _ratio(
+            "23: the N = 4,000 time is at most 8x the N = 1,000 time",
+            pylock[4000],
+            pylock[1000],
+            8.0,
+            False,
+        ),
+    ]
+    big = pylock[4000]
+    if big is None:
+        return [*out, *([f"23: {what}", NOT_MEASURED, "-"] for what in ("threads", "RSS", "CPU"))]
+    threads = max(big.extra["threads"])
+    rss = statistics.median(big.extra["rss"])
+    cpu = max(big.extra["cpu"])
+    return [
+        *out,
+        [
+            "23: no thread per waiting task (N = 4,000, at most 4 more)",
+            f"{threads}",
+            _verdict(threads <= 4),
+        ],
+        ["23: at most 4 KiB of RSS per waiting task", f"{rss:.0f} B", _verdict(rss <= 4096)],
+        ["23: under 0.5% of a core while 4,000 wait", f"{cpu:.2f}%", _verdict(cpu < 0.5)],
+    ]

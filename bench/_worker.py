@@ -404,12 +404,85 @@ def role_contend(lib: str, path: str, record_path: str, shm_path: str, tasks: st
     out("done", count, violations)
 
 
+# -- many waiters -------------------------------------------------------------
+
+
+def threads_now() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise RuntimeError("no Threads in /proc/self/status")
+
+
+def role_many_holder(directory: str, n: str) -> None:
+    """Hold n pylock locks, one per file, until killed."""
+    import pylock
+
+    raise_nofile(int(n) + 100)
+    die_with_parent()
+    locks = [pylock.Lock(os.path.join(directory, f"{i}.lock")) for i in range(int(n))]
+    for lock in locks:
+        lock.acquire()
+    out("hello", os.getpid())
+    for _ in commands():
+        pass
+
+
+def role_many_waiters(lib: str, directory: str, n: str, record_path: str, idle_s: str) -> None:
+    """n tasks, each waiting for its own lock (held by a many_holder).
+    ``wait``: start them, let them settle, answer ``waiting THREADS
+    RSS_BYTES_PER_WAITER IDLE_CPU_PERCENT``, then, once every task holds
+    its lock, ``done LAST_ACQUIRED_NS``."""
+    record = read_record(record_path)
+    count = int(n)
+    raise_nofile(2 * count + 100)
+    out("hello", os.getpid())
+    next(commands())
+
+    async def main() -> None:
+        locks = [
+            _libs.async_lock(lib, os.path.join(directory, f"{i}.lock"), record)
+            for i in range(count)
+        ]
+        gc.collect()
+        threads0, rss0 = threads_now(), rss_kib()
+        acquired = []
+
+        async def one(acquire) -> None:  # type: ignore[no-untyped-def]
+            await acquire()
+            acquired.append(now())
+
+        tasks = [asyncio.ensure_future(one(a)) for a, _ in locks]
+        await asyncio.sleep(1.0)  # every task has found its lock held and waits
+        threads, rss = threads_now(), rss_kib()
+        cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        await asyncio.sleep(float(idle_s))
+        cpu1, wall1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        used = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+        assert not acquired, "a task took its lock while the holder held it"
+        out(
+            "waiting",
+            threads - threads0,
+            (rss - rss0) * 1024 // count,
+            100 * used / (wall1 - wall0),
+        )
+        await asyncio.gather(*tasks)
+        out("done", max(acquired))
+        for _, release in locks:
+            await release()
+
+    asyncio.run(main())
+
+
 ROLES = {
     "uncontended": role_uncontended,
     "holder": role_holder,
     "waiter": role_waiter,
     "watcher": role_watcher,
     "contend": role_contend,
+    "many_holder": role_many_holder,
+    "many_waiters": role_many_waiters,
 }
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import _report
 from _common import BENCH, FULL, QUICK, REPO, Context, Results, Row
 from _measure_death import measure_death_many, measure_death_one
 from _measure_lock import measure_contention, measure_front, measure_handoff, measure_uncontended
+from _measure_waiters import measure_waiters
 from _setup import (
     build_floor,
     describe_machine,
@@ -41,7 +42,16 @@ from _setup import (
 )
 from _startup import measure_startup
 
-SECTIONS = ("uncontended", "handoff", "takeover", "death", "contention", "startup", "front")
+SECTIONS = (
+    "uncontended",
+    "handoff",
+    "takeover",
+    "death",
+    "contention",
+    "startup",
+    "front",
+    "waiters",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "contention": lambda: measure_contention(ctx),
             "startup": lambda: measure_startup(ctx),
             "front": lambda: measure_front(ctx),
+            "waiters": lambda: measure_waiters(ctx),
         }
         for name in SECTIONS:
             if name in only:

@@ -138,6 +138,7 @@ def _step(lock: LockFile, file: FileHints, table: Any, alive: dict[Any, bool]) -
     holders = table.get((facts.key.dev, facts.key.ino)) if table is not None else None
     if holders is None:
         return THREAD if table is None else RETRY  # unreadable, or released meanwhile
+    holders = list(set(holders))  # a line read twice as the table changed under the read
     if len(holders) != 1 or holders[0].shared:
         return THREAD  # shared holders keep no record that names them
     pid = holders[0].pid

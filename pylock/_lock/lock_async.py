@@ -138,10 +138,8 @@ class AsyncAcquire(LockFile):
         hint = None if hints is None else hints.hint_for(self._lf.handle, self.shared)
         if hint is None:
             return None
-        timer = None
-        if deadline is not None:
-            timer = loop.call_later(max(0.0, deadline - time.monotonic()), hint.wake)
-        retried = False
+        timer = None if deadline is None else loop.call_later(_left(deadline), hint.wake)
+        retried = 0  # RETRY: the holder left as we looked, or the table lost its line
         try:
             while True:  # watched before each try: no release falls in between
                 woken, hint.hinted = hint.hinted, False
@@ -155,12 +153,12 @@ class AsyncAcquire(LockFile):
                 step = next_step(self, hint.file)
                 if step.__class__ is not str:
                     step = await step  # type: ignore[misc]
-                if step is RETRY and not retried:
-                    retried = True  # the holder left as we looked: once, never in a loop
+                if step is RETRY and retried < 3:  # a few times, never a loop
+                    retried += 1
                     continue
                 if step is not HINTS:
                     return None
-                retried = False
+                retried = 0
                 if not hint.hinted:
                     await hint.next()
                 if passed(deadline):
@@ -233,6 +231,10 @@ class AsyncAcquire(LockFile):
         if rc:
             fail(rc, self.path)
         return int(claimed[0])
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
 
 
 def _orphaned(lock: AsyncAcquire, attempt: object, rc: int) -> None:

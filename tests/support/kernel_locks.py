@@ -36,7 +36,9 @@ def granted_pids(path: str) -> list[int]:
 
 
 def blocked_waiters(path: str) -> list[int]:
-    """Pids the kernel shows blocked in flock on path's inode, once per waiter.
+    """Pids the kernel shows waiting on path's inode, once per waiter: blocked
+    in flock, or (an async waiter of pylock's, without a thread) watching the
+    file for its release with inotify, once per watch.
 
     A "->" line reads "N: -> FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF":
     the pid is the fourth field after the arrow.
@@ -48,6 +50,9 @@ def blocked_waiters(path: str) -> list[int]:
             if key in line and " -> " in line and "FLOCK" in line:
                 fields = line.split()
                 pids.append(int(fields[fields.index("->") + 4]))
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            pids += [int(name)] * hint_watches(path, int(name))
     return pids
 
 
@@ -97,11 +102,10 @@ def waiting_in_kernel(path: str, pid: int) -> int:
     watch alone is set up before the task last tries the lock).  In this
     process, whose loop is running the caller, a watch is enough: the
     caller's next await lets the waiting task finish its setup."""
-    blocked = blocked_waiters(path).count(pid)
-    watches = hint_watches(path, pid)
-    if watches and pid != os.getpid() and not sleeps_in_epoll(pid):
-        watches = 0
-    return blocked + watches
+    waits = blocked_waiters(path).count(pid)
+    if pid != os.getpid() and hint_watches(path, pid) and not sleeps_in_epoll(pid):
+        waits -= hint_watches(path, pid)  # watching, but maybe not parked yet
+    return waits
 
 
 def wait_blocked(path: str, pid: int, count: int = 1, timeout: float = 20.0) -> None:

@@ -454,7 +454,15 @@ def role_many_waiters(lib: str, directory: str, n: str, record_path: str, idle_s
             acquired.append(now())
 
         tasks = [asyncio.ensure_future(one(a)) for a, _ in locks]
-        await asyncio.sleep(1.0)  # every task has found its lock held and waits
+        # Settled: every task has found its lock held and waits (half a
+        # second with under 1% of a core used), then the idle window.
+        for _ in range(60):
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            await asyncio.sleep(0.5)
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            spent = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+            if spent < 0.005:
+                break
         threads, rss = threads_now(), rss_kib()
         cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         await asyncio.sleep(float(idle_s))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -278,12 +279,19 @@ def flock_holders(keys: set[tuple[int, int]]) -> dict[tuple[int, int], list[Tabl
     granted flocks on each (dev, ino) of keys that has any; None when
     /proc/locks cannot be read."""
     words = {f"{os.major(d):02x}:{os.minor(d):02x}:{i}".encode(): (d, i) for d, i in keys}
-    found: dict[tuple[int, int], list[TableLock]] = {}
     try:
         with open(f"{PROC}/locks", "rb") as f:
-            lines = f.read().splitlines()
+            return _flock_lines(f, words)
     except OSError:
         return None
+
+
+def _flock_lines(
+    lines: Iterable[bytes], words: dict[bytes, tuple[int, int]]
+) -> dict[tuple[int, int], list[TableLock]]:
+    # Line by line: the whole table of thousands of lines, at once, would
+    # grow the heap of a process whose waits are meant to be small.
+    found: dict[tuple[int, int], list[TableLock]] = {}
     for line in lines:
         # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF"; a waiter's line
         # has "->" second and so never FLOCK there.

@@ -72,12 +72,7 @@ def held_in_process(lock: LockFile) -> bool:
     the round trip through the loop's inotify descriptor, and the
     guarantees this process's own waits were built and tested on (cancel,
     loop close, host signals) stay exactly those of the thread."""
-    key = lock._key
-    for ref in list(_files._open_locks.data):  # type: ignore[attr-defined]  # its weakrefs
-        other = ref()
-        if other is not None and other is not lock and other._key == key and other._owner:
-            return True
-    return False
+    return any(o is not lock and o._owner is not None for o in _files.open_on(lock._key))
 
 
 class _Batch:

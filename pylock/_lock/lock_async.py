@@ -55,7 +55,7 @@ class AsyncAcquire(LockFile):
                     _files.observer.conflicted(self)
                 while rc > 0:  # < 0: held, but the record could not be written
                     if rc == errno.EWOULDBLOCK:
-                        rc = await self._wait_any(attempt, owner, deadline, timeout, waits)
+                        rc = await self._wait_hinted(attempt, owner, deadline, timeout, waits)
                     else:
                         rc = self._retry_after(rc, token)
                 if contended and _files.observer is not None:
@@ -102,7 +102,7 @@ class AsyncAcquire(LockFile):
             rc = _acquire(self._lf, token)
         return int(rc)
 
-    async def _wait_any(
+    async def _wait_hinted(
         self,
         attempt: object,
         owner: object,
@@ -110,21 +110,11 @@ class AsyncAcquire(LockFile):
         timeout: float | None,
         waits: list[LoopWait],
     ) -> int:
-        """On the loop's hints where the holder's release makes one, else in
-        a thread blocked in the kernel."""
-        rc = await self._wait_hinted(id(attempt), owner, deadline, timeout)
-        if rc is None:
-            rc = await self._wait_async(attempt, owner, deadline, timeout, waits)
-        return rc
-
-    async def _wait_hinted(
-        self, token: int, owner: object, deadline: float | None, timeout: float | None
-    ) -> int | None:
         """Wait without a thread, on the loop's hints (pylock._core.hints),
         trying the lock after each, for as long as the kernel shows a holder
-        whose release makes one (pylock._lock.announced).  Returns the try's
-        code once it is not EWOULDBLOCK, or None: wait in a thread instead.
-        Giving up leaves nothing: no thread, no wait in the kernel."""
+        whose release makes one (pylock._lock.announced); else (_thread) in
+        a thread blocked in the kernel.  Returns the code of the try that is
+        not EWOULDBLOCK.  Giving up on hints leaves nothing behind."""
         import asyncio
 
         from .._core.hints import loop_hints
@@ -137,13 +127,13 @@ class AsyncAcquire(LockFile):
         hints = loop_hints(loop)
         hint = None if hints is None else hints.hint_for(self._lf.handle, self.shared)
         if hint is None:
-            return None
+            return await self._wait_async(attempt, owner, deadline, timeout, waits)
         timer = None if deadline is None else loop.call_later(_left(deadline), hint.wake)
         retried = 0  # RETRY: the holder left as we looked, or the table lost its line
         try:
             while True:  # watched before each try: no release falls in between
                 woken, hint.hinted = hint.hinted, False
-                rc = _acquire(self._lf, token)
+                rc = _acquire(self._lf, id(attempt))
                 if rc != errno.EWOULDBLOCK:
                     if rc <= 0:
                         hint.taken()
@@ -157,7 +147,7 @@ class AsyncAcquire(LockFile):
                     retried += 1
                     continue
                 if step is not HINTS:
-                    return None
+                    break
                 retried = 0
                 if not hint.hinted:
                     await hint.next()
@@ -167,12 +157,14 @@ class AsyncAcquire(LockFile):
                     hint.leave()
                     hint = hints.hint_for(self._lf.handle, self.shared)  # type: ignore[union-attr]
                     if hint is None:
-                        return None
+                        break
         finally:
             if timer is not None:
                 timer.cancel()
             if hint is not None:
                 hint.leave()
+        # The holder's release may make no hint: the kernel wakes a thread.
+        return await self._wait_async(attempt, owner, deadline, timeout, waits)
 
     async def _wait_async(
         self,

@@ -21,6 +21,7 @@ read of /proc/locks, not thousands.
 from __future__ import annotations
 
 import os
+import sys
 
 from .._core import procfs as _procfs
 from .._core.locktable import flock_holders
@@ -61,7 +62,13 @@ class _Facts:
         if seen != self.seen:
             self.seen = seen
             rec = _record.read(handle)
-            self.named = None if rec is None else _record.identity(rec)
+            if rec is None:
+                self.named = None
+            else:  # the boot id once, not once per file of thousands
+                n = _record.identity(rec)
+                self.named = ProcessIdentity(
+                    n.pid, n.start_time, sys.intern(n.boot_id), n.pidfs_ino
+                )
         return self.named
 
 

@@ -3,11 +3,9 @@ watching the lock files its tasks wait for (Linux; see csrc/hints.c).
 
 A hint says only that a file's lock may have been released: a holder
 closed the file or died, or a pylock holder unlocked it.  Each hint wakes
-the first task waiting on that file, which tries the lock; its own flock
-decides.  A task that leaves with a hint it did not use, or that takes the
-lock shared, or that finds it taken and is exclusive, hands the hint on:
-one release wakes one task, not all of them (64 tasks on one file would
-otherwise each retry after every release).
+the tasks of the loop waiting on that file (pylock._lock.announced keeps
+that to one per file and process: a second waiter in the same process
+waits in a thread), which try the lock; their own flock decides.
 
 The descriptor exists while tasks wait: the last one to leave closes it,
 a turn of the loop later (a loop that closes with a task still waiting
@@ -34,11 +32,10 @@ _BATCH = 4096
 class Hint:
     """One task's wait for hints on one lock file."""
 
-    __slots__ = ("_future", "file", "hinted", "shared")
+    __slots__ = ("_future", "file", "hinted")
 
-    def __init__(self, file: FileHints, shared: bool) -> None:
+    def __init__(self, file: FileHints) -> None:
         self.file = file
-        self.shared = shared
         # Set by a hint that came while the task was not awaiting one (it was
         # trying the lock, or asking who holds it): it tries again at once.
         self.hinted = False
@@ -57,17 +54,6 @@ class Hint:
             future.set_result(None)
         return future
 
-    def taken(self) -> None:
-        """The task took the lock: a shared one leaves room for others."""
-        if self.shared:
-            self.file.wake_after(self, shared_only=True)
-
-    def missed(self) -> None:
-        """The task was woken but found the lock taken: an exclusive waiter
-        passes the hint to a shared one behind it, who may share the lock."""
-        if not self.shared:
-            self.file.wake_after(self, shared_only=True)
-
     def leave(self) -> None:
         self._future = None
         self.file.leave(self)
@@ -81,34 +67,16 @@ class FileHints:
     def __init__(self, hints: LoopHints, wd: int) -> None:
         self.hints = hints
         self.wd = wd
-        self.waiting: list[Hint] = []  # in arrival order: the first is woken
+        self.waiting: list[Hint] = []
         self.facts: Any = None  # what the lock module remembers of the file
-
-    def wake_first(self) -> None:
-        if self.waiting:
-            self.waiting[0].wake()
 
     def wake_all(self) -> None:
         for hint in self.waiting:
             hint.wake()
 
-    def wake_after(self, me: Hint, shared_only: bool) -> None:
-        seen = False
-        for hint in self.waiting:
-            if hint is me:
-                seen = True
-            elif seen and not hint.hinted and (hint.shared or not shared_only):
-                hint.wake()
-                return
-
     def leave(self, hint: Hint) -> None:
-        try:
-            at = self.waiting.index(hint)
-        except ValueError:
-            return
-        del self.waiting[at]
-        if hint.hinted and at < len(self.waiting):
-            self.waiting[at].wake()  # the hint it did not use is someone else's
+        if hint in self.waiting:
+            self.waiting.remove(hint)
         if not self.waiting:
             self.hints.unwatch(self)
 
@@ -126,9 +94,9 @@ class LoopHints:
         self._closing = False
         loop.add_reader(fd, self._read)
 
-    def hint_for(self, handle: int, shared: bool) -> Hint | None:
-        """A new waiter's hints on the file handle is open on, first woken
-        after those before it; None when no watch can be had (ENOSPC)."""
+    def hint_for(self, handle: int) -> Hint | None:
+        """A new waiter's hints on the file handle is open on; None when no
+        watch can be had (ENOSPC)."""
         wd = ffi.new("int *")
         rc = lib.pl_hints_watch(self.fd, handle, wd)
         if rc:
@@ -138,7 +106,7 @@ class LoopHints:
         file = self.files.get(wd[0])
         if file is None:
             file = self.files[wd[0]] = FileHints(self, wd[0])
-        hint = Hint(file, shared)
+        hint = Hint(file)
         file.waiting.append(hint)
         return hint
 
@@ -171,7 +139,7 @@ class LoopHints:
             if wd > 0:
                 file = files.get(wd)
                 if file is not None:
-                    file.wake_first()
+                    file.wake_all()
             else:
                 # The watch is gone (its file deleted, or unmounted): wake all;
                 # each tries and watches the file again.

@@ -73,13 +73,21 @@ class _Facts:
 
 
 def held_in_process(lock: LockFile) -> bool:
-    """A Lock of this process other than lock holds lock's file.  Its release
-    is announced too, but such waits stay in threads, as before hints: the
-    kernel wakes a thread blocked in flock by the release itself, without
-    the round trip through the loop's inotify descriptor, and the
-    guarantees this process's own waits were built and tested on (cancel,
-    loop close, host signals) stay exactly those of the thread."""
-    return any(o is not lock and o._owner is not None for o in _files.open_on(lock._key))
+    """Another Lock of this process may hold lock's file: it holds it, or an
+    attempt of it is under way (a thread of its wait may hold the kernel
+    lock before its task knows).  Such waits stay in threads, as before
+    hints: the kernel wakes a thread blocked in flock by the release itself,
+    and this process's own waits keep exactly the guarantees they were built
+    and tested with (cancel, loop close, host signals)."""
+    for ref in _files._open_by_key.get(lock._key, ()):
+        other = ref()
+        if (
+            other is not None
+            and other is not lock
+            and (other._owner is not None or other._lf.owner)
+        ):
+            return True
+    return False
 
 
 class _Batch:

@@ -118,28 +118,26 @@ class AsyncAcquire(LockFile):
         import asyncio
 
         from .._core.hints import loop_hints
-        from .announced import HINTS, RETRY, next_step
+        from .announced import HINTS, RETRY, held_in_process, next_step
 
+        if held_in_process(self):  # no watch to set up and take down for it
+            return await self._wait_async(attempt, owner, deadline, timeout, waits)
         if passed(deadline):
             self._raise_held(True, timeout)
         self._refuse_self_deadlock(owner)
         loop = asyncio.get_running_loop()
         hints = loop_hints(loop)
-        hint = None if hints is None else hints.hint_for(self._lf.handle, self.shared)
+        hint = None if hints is None else hints.hint_for(self._lf.handle)
         if hint is None:
             return await self._wait_async(attempt, owner, deadline, timeout, waits)
         timer = None if deadline is None else loop.call_later(_left(deadline), hint.wake)
         retried = 0  # RETRY: the holder left as we looked, or the table lost its line
         try:
             while True:  # watched before each try: no release falls in between
-                woken, hint.hinted = hint.hinted, False
+                hint.hinted = False
                 rc = _acquire(self._lf, id(attempt))
                 if rc != errno.EWOULDBLOCK:
-                    if rc <= 0:
-                        hint.taken()
                     return int(rc)
-                if woken:
-                    hint.missed()
                 step = next_step(self, hint.file)
                 if step.__class__ is not str:
                     step = await step  # type: ignore[misc]
@@ -155,7 +153,7 @@ class AsyncAcquire(LockFile):
                     self._raise_held(True, timeout)
                 if hint.file.wd == 0:  # the watch is gone: watch the file again
                     hint.leave()
-                    hint = hints.hint_for(self._lf.handle, self.shared)  # type: ignore[union-attr]
+                    hint = hints.hint_for(self._lf.handle)  # type: ignore[union-attr]
                     if hint is None:
                         break
         finally:

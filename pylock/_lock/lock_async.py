@@ -1,9 +1,11 @@
 """Taking a lock file from a coroutine: Lock.acquire_async and its hand-overs.
 
-A free lock is taken in the loop's thread, as acquire() takes it.  While it
-is held elsewhere, a pylock thread waits in the kernel, claims the lock as
-soon as it is granted and hands over to the loop.  asyncio is loaded by
-that path only: `import pylock` and blocking acquisitions never load it.
+A free lock is taken in the loop's thread, as acquire() takes it.  While a
+pylock holder in another process holds it, the task waits on the loop's
+release hints (pylock._core.hints) and tries again after each.  Any other
+holder, and a pylock thread waits in the kernel, claims the lock as soon as
+it is granted and hands over to the loop.  asyncio is loaded by that path
+only: `import pylock` and blocking acquisitions never load it.
 """
 
 from __future__ import annotations

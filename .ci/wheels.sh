@@ -76,11 +76,13 @@ for platform in linux macos windows; do
     case "$platform" in
         linux) want="cp39-manylinux_x86_64 cp39-manylinux_aarch64 cp39-musllinux_x86_64
                      cp39-musllinux_aarch64 cp314-manylinux_x86_64 cp314t-manylinux_x86_64
-                     cp314t-manylinux_aarch64 cp314t-musllinux_x86_64 cp314t-musllinux_aarch64" ;;
+                     cp314t-manylinux_aarch64 cp314t-musllinux_x86_64 cp314t-musllinux_aarch64
+                     pp39-manylinux_x86_64 pp311-manylinux_x86_64 pp311-manylinux_aarch64" ;;
         macos) want="cp39-macosx_x86_64 cp39-macosx_arm64 cp314-macosx_arm64
-                     cp314t-macosx_x86_64 cp314t-macosx_arm64" ;;
+                     cp314t-macosx_x86_64 cp314t-macosx_arm64 pp39-macosx_x86_64
+                     pp311-macosx_x86_64" ;;
         windows) want="cp39-win_amd64 cp39-win_arm64 cp314-win_amd64
-                       cp314t-win_amd64 cp314t-win_arm64" ;;
+                       cp314t-win_amd64 cp314t-win_arm64 pp39-win_amd64 pp311-win_amd64" ;;
     esac
     for id in $want; do
         printf '%s\n' "$ids" | grep -qx "$id" || die "$platform: build $id missing"

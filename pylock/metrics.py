@@ -162,7 +162,9 @@ class _Observer:
     holds_of = staticmethod(holds_of)
     conflicted = staticmethod(conflicted)
     waited = staticmethod(waited)
-    gave_up = staticmethod(waited)
+    # The staticmethod just made: wrapping it again would be callable only
+    # from Python 3.10 on (a TypeError on 3.9, CPython's and PyPy's).
+    gave_up = waited
 
     @staticmethod
     def stats_of(path: str) -> LockStats:

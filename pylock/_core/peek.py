@@ -20,7 +20,7 @@ import stat
 
 from . import procfs as _procfs
 
-_O_PATH = getattr(os, "O_PATH", 0)
+_O_PATH = _procfs.O_PATH  # 0 where Linux's O_PATH does not exist
 _READ_FLAGS = (
     os.O_RDONLY
     | getattr(os, "O_CLOEXEC", 0)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import pidfd_open
 from tests.support.cli import (
     FLOCK,
     PYLOCK,
@@ -168,7 +169,7 @@ def test_signal_to_the_wrapper_alone_leaves_the_command_and_its_lock(
     with started([*wrapper, lock_path, "sh", "-c", "echo $$; read x; echo done"]) as proc:
         assert proc.stdout is not None and proc.stdin is not None
         shell = int(proc.stdout.readline())
-        shell_exit = os.pidfd_open(shell)
+        shell_exit = pidfd_open(shell)
         os.kill(proc.pid, signum)
         assert proc.wait(timeout=30) == -signum  # ended as flock(1) ends: by the signal
         assert os.path.exists(f"/proc/{shell}")

@@ -394,11 +394,13 @@ def test_takeover_names_the_child_that_inherited_the_lock(tmp_path):
     second signal to a process the record does not name."""
     code = textwrap.dedent(
         """
-        import subprocess, sys, signal, pylock
+        import os, subprocess, sys, signal, pylock
         lock = pylock.singleton(directory=sys.argv[1])
-        # As `pylock run` does: the command gets the lock's descriptor.
+        # As `pylock run` does: the command gets its own descriptor on the
+        # locked open file (where subprocess forks, as on PyPy and CPython
+        # 3.9, the child closes pylock's own before its exec).
         child = subprocess.Popen(
-            [sys.executable, "-c", "import sys; sys.stdin.read()"], pass_fds=(lock._handle,)
+            [sys.executable, "-c", "import sys; sys.stdin.read()"], pass_fds=(os.dup(lock._handle),)
         )
         print("ready", child.pid, flush=True)
         signal.pause()

@@ -10,6 +10,7 @@
     nox -s macos_check       # the macOS core compile-checked (zig's clang)
     nox -s wheels            # sdist, wheel, auditwheel, abi3audit, other CPythons
     nox -s freethreaded      # a free-threaded CPython: the suite and a thread stress
+    nox -s pypy              # the suite on PyPy (pypy3 on PATH)
     nox -s filelock_compat   # filelock's own tests against pylock.filelock
 
 The system packages these need (gcc, flock(1), faketime, mingw-w64, wine,
@@ -42,6 +43,7 @@ nox.options.sessions = [
     "macos_check",
     "wheels",
     "freethreaded",
+    "pypy",
     "filelock_compat",
 ]
 
@@ -178,6 +180,22 @@ def freethreaded(session: nox.Session) -> None:
         session.skip("built from Debian's source package: Linux only")
     env = {"PYLOCK_HOST_PYTHON": sys.executable}
     session.run("bash", ".ci/freethreaded-run.sh", *session.posargs, external=True, env=env)
+
+
+# On PyPy: cffi is PyPy's own (the build takes none from the index); no
+# uvloop (CPython only) and no etcd extra (aetcd needs Python 3.10+ and
+# grpcio): the tests of both skip, saying so.
+PYPY_TEST_DEPS = ["pytest", "hypothesis", "prometheus_client>=0.17"]
+
+
+@nox.session(python="pypy3")
+def pypy(session: nox.Session) -> None:
+    """The suite on PyPy (pytest arguments after --).
+
+    Debian's pypy3 (PyPy 7.3, Python 3.9) in .ci/run; PyPy's own wheels are
+    built and tested by cibuildwheel (pp39 to pp312)."""
+    _install_pylock(session, *PYPY_TEST_DEPS)
+    session.run(*PYTEST, *(session.posargs or ["tests"]))
 
 
 # filelock's own tests need its test plugins; filelock itself (the release

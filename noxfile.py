@@ -165,8 +165,9 @@ def macos_check(session: nox.Session) -> None:
 def wheels(session: nox.Session) -> None:
     """sdist and cp39-abi3 wheel, checked and tested (.ci/wheels.sh).
 
-    auditwheel, abi3audit --strict, cibuildwheel's configuration, and the
-    wheel's test suite on another CPython."""
+    auditwheel, abi3audit --strict, cibuildwheel's configuration, the
+    wheel's test suite on another CPython, and a PyPy wheel (pypy3 on PATH)
+    installed and locking."""
     session.run("bash", ".ci/wheels.sh", external=True, env={"PY": _venv_python(session)})
 
 

@@ -81,13 +81,12 @@ def any_loop(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def run(coro: Any) -> Any:
-    factory = None
+    # asyncio.Runner is Python 3.11+; these two are the same on every version.
     if _loop_kind[0] == "uvloop":
         import uvloop
 
-        factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
+        return uvloop.run(coro)
+    return asyncio.run(coro)
 
 
 async def started(coro: Any) -> asyncio.Task[Any]:

@@ -30,8 +30,7 @@ def run_on(kind: str, main: Callable[[], Any]) -> Any:
     if kind == "uvloop":
         import uvloop
 
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(main())
+        return uvloop.run(main())
     return asyncio.run(main())
 
 

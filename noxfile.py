@@ -195,8 +195,9 @@ def pypy(session: nox.Session) -> None:
 
     Debian's pypy3 (PyPy 7.3, Python 3.9) in .ci/run; PyPy's own wheels are
     built and tested by cibuildwheel (pp39 to pp312).  The stress tests
-    (-m slow) are left out: four hold CPython's timing (signal handlers run
-    where CPython runs them; a kill-to-next-holder median under 10 ms)."""
+    (-m slow) are left out: those of signal storms expect handlers to run
+    where CPython runs them, the chaos ones a kill-to-next-holder median
+    under 10 ms (README, Known limits)."""
     _install_pylock(session, *PYPY_TEST_DEPS)
     session.run(*PYTEST, *(session.posargs or ["-m", "not slow", "tests"]))
 

@@ -1,5 +1,6 @@
 """Build glue: cffi compiles pylock._native from csrc/ (see csrc/_ffi_build.py)."""
 
+import sys
 import sysconfig
 
 from setuptools import setup
@@ -11,10 +12,11 @@ except ImportError:  # setuptools < 70
 
 
 class abi3_bdist_wheel(bdist_wheel):
-    """Tag the wheel cp39-abi3, except where the limited API does not exist."""
+    """Tag the wheel cp39-abi3, except where the limited API does not exist
+    (free-threaded CPython, PyPy: their wheels carry their own tags)."""
 
     def finalize_options(self) -> None:
-        if not sysconfig.get_config_var("Py_GIL_DISABLED"):
+        if sys.implementation.name == "cpython" and not sysconfig.get_config_var("Py_GIL_DISABLED"):
             self.py_limited_api = "cp39"
         super().finalize_options()
 

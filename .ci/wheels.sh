@@ -7,7 +7,9 @@
 #   4. the repaired wheel, installed in a fresh virtual environment of another
 #      CPython minor version, passes the test suite run outside the source
 #      tree, and imports and locks on every other CPython here;
-#   5. a wheel builds from the sdist alone, installs and imports.
+#   5. a wheel builds from the sdist alone, installs and imports;
+#   6. with pypy3 on PATH: a PyPy wheel from the sdist (tagged pp, not
+#      abi3), repaired by auditwheel, installed in a fresh PyPy venv, locks.
 # The real per-platform builds run in .github/workflows/wheels.yml.
 #
 # Environment: PY = the python whose environment gets the tools (default:
@@ -76,11 +78,13 @@ for platform in linux macos windows; do
     case "$platform" in
         linux) want="cp39-manylinux_x86_64 cp39-manylinux_aarch64 cp39-musllinux_x86_64
                      cp39-musllinux_aarch64 cp314-manylinux_x86_64 cp314t-manylinux_x86_64
-                     cp314t-manylinux_aarch64 cp314t-musllinux_x86_64 cp314t-musllinux_aarch64" ;;
+                     cp314t-manylinux_aarch64 cp314t-musllinux_x86_64 cp314t-musllinux_aarch64
+                     pp39-manylinux_x86_64 pp311-manylinux_x86_64 pp311-manylinux_aarch64" ;;
         macos) want="cp39-macosx_x86_64 cp39-macosx_arm64 cp314-macosx_arm64
-                     cp314t-macosx_x86_64 cp314t-macosx_arm64" ;;
+                     cp314t-macosx_x86_64 cp314t-macosx_arm64 pp39-macosx_x86_64
+                     pp311-macosx_x86_64" ;;
         windows) want="cp39-win_amd64 cp39-win_arm64 cp314-win_amd64
-                       cp314t-win_amd64 cp314t-win_arm64" ;;
+                       cp314t-win_amd64 cp314t-win_arm64 pp39-win_amd64 pp311-win_amd64" ;;
     esac
     for id in $want; do
         printf '%s\n' "$ids" | grep -qx "$id" || die "$platform: build $id missing"
@@ -224,5 +228,32 @@ echo "built: $(basename "$SDWHEEL")"
 "$TEST_PY" -m venv "$WORK/venv-sdist"
 quiet_pip "$WORK/venv-sdist/bin/python" -m pip install --quiet "$SDWHEEL"
 (cd "$RUN" && env -u PYTHONPATH "$WORK/venv-sdist/bin/python" -c "$SMOKE")
+
+# ---- 6. a PyPy wheel --------------------------------------------------
+# PyPy has no stable ABI: its wheel is its own (pp39-pypy39_pp73 on
+# Debian's pypy3), built with PyPy's own cffi; the suite itself runs on
+# PyPy in `nox -s pypy`.
+PYPY=${PYLOCK_WHEEL_PYPY:-$(command -v pypy3 || true)}
+if [ -n "$PYPY" ]; then
+    say "PyPy wheel from the sdist ($("$PYPY" -c 'import sys; print(sys.version.split()[0], sys.implementation.name)'))"
+    "$PYPY" -m venv "$WORK/venv-pypy"
+    PPY="$WORK/venv-pypy/bin/python"
+    PP="$WORK/pypy-wheel"
+    mkdir -p "$PP"
+    (cd "$PP" && PYLOCK_WERROR=1 quiet_pip "$PPY" -m pip wheel --quiet --no-deps --wheel-dir "$PP" "$SDIST")
+    PPWHEEL=$(ls "$PP"/*.whl)
+    echo "built: $(basename "$PPWHEEL")"
+    case "$(basename "$PPWHEEL")" in
+        *-pp3*-pypy3*_pp*-linux_$(uname -m).whl) ;;
+        *) die "the PyPy wheel is not tagged for PyPy: $(basename "$PPWHEEL")" ;;
+    esac
+    auditwheel repair -w "$PP/repaired" "$PPWHEEL" 2>&1 | tail -1
+    PPREPAIRED=$(ls "$PP"/repaired/*.whl)
+    echo "repaired: $(basename "$PPREPAIRED")"
+    quiet_pip "$PPY" -m pip install --quiet "$PPREPAIRED"
+    (cd "$RUN" && env -u PYTHONPATH "$PPY" -c "$SMOKE")
+else
+    say "no pypy3 on PATH: the PyPy wheel is left to cibuildwheel"
+fi
 
 say "all wheel checks passed"

@@ -73,8 +73,9 @@ ffibuilder.set_source(
     libraries=_libraries,
     extra_compile_args=_extra,
     define_macros=[("_GNU_SOURCE", "1")] if sys.platform.startswith("linux") else [],
-    # The stable ABI does not exist on free-threaded builds.
-    py_limited_api=not _free_threaded(),
+    # The stable ABI does not exist on free-threaded builds, nor on PyPy
+    # (cffi's own backend there: a pypy39-pp73 module, its wheel pp39).
+    py_limited_api=not _free_threaded() and sys.implementation.name == "cpython",
 )
 
 if __name__ == "__main__":

@@ -405,4 +405,11 @@ int pl_proc_event_fd(pl_handle h, int64_t *fd)
     return 0;
 }
 
+int pl_proc_signal(pl_handle h, int signum)
+{
+    if (syscall(SYS_pidfd_send_signal, (int)h, signum, NULL, 0u) == 0)
+        return 0;
+    return errno;
+}
+
 #endif /* __linux__ */

@@ -335,6 +335,14 @@ int pl_proc_event_fd(pl_handle h, int64_t *fd)
     return 0;
 }
 
+/* A kqueue registration watches a process; it cannot signal one. */
+int pl_proc_signal(pl_handle h, int signum)
+{
+    (void)h;
+    (void)signum;
+    return ENOSYS;
+}
+
 /* ---- fallback ----------------------------------------------------- */
 
 /* macOS cannot read other threads' signal masks: judge by this thread's,

@@ -42,6 +42,10 @@ int pl_proc_returncode(pl_handle h, int64_t pid, int *returncode);
 /* A descriptor an event loop can watch for readability (Linux: the pidfd,
  * macOS: the kqueue); ENOSYS on Windows, which waits on the handle. */
 int pl_proc_event_fd(pl_handle h, int64_t *fd);
+/* Send signum to exactly the pinned process (Linux: pidfd_send_signal):
+ * 0, ESRCH once it has been reaped, ENOSYS where the kernel, or the
+ * platform (macOS, Windows), cannot signal through a handle. */
+int pl_proc_signal(pl_handle h, int signum);
 
 /* Fallback where pinning is unavailable (Linux without pidfd). */
 /* Has our child pid exited?  waitid(WNOWAIT): never reaps.  ECHILD when

@@ -211,6 +211,13 @@ int pl_proc_event_fd(pl_handle h, int64_t *fd)
     return ENOSYS;
 }
 
+int pl_proc_signal(pl_handle h, int signum)
+{
+    (void)h;
+    (void)signum;
+    return ENOSYS;
+}
+
 int pl_child_poll(int64_t pid, int *exited, int *returncode)
 {
     (void)pid;

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 import time
 
@@ -197,8 +198,9 @@ def watch(wanted: Filter, as_json: bool, interval: float) -> int:
 
         screen = Screen()
     last = ""
+    interrupted = _catch_interrupt()
     try:
-        while True:
+        while not interrupted:
             snap = _look(wanted)
             if snap is None:
                 return EX_NOINPUT
@@ -218,9 +220,31 @@ def watch(wanted: Filter, as_json: bool, interval: float) -> int:
             del snap
             gc.collect()
             time.sleep(interval)
+        raise KeyboardInterrupt
     finally:
+        if interrupted is not _NOT_CAUGHT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if screen is not None:
             screen.close()
+
+
+_NOT_CAUGHT: list[int] = []
+
+
+def _catch_interrupt() -> list[int]:
+    """Ctrl-C, also when its KeyboardInterrupt is lost: raised inside a
+    weakref callback or finalizer the collector runs (every look collects,
+    and PyPy runs them then), it is only "ignored"; the note stays."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return _NOT_CAUGHT  # the caller's choice (ignored, say): left alone
+    seen: list[int] = []
+
+    def interrupt(signum: int, frame: object) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    return seen
 
 
 def asks_for_system(argv: Sequence[str]) -> bool:

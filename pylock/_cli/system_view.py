@@ -206,7 +206,7 @@ def _read_record(where: Descriptor, key: FileKey) -> tuple[dict[str, Any], int, 
     """(record, file owner, file mode) of the regular file behind where's
     descriptor, or None: not a regular file, not this lock's, no record."""
     try:
-        handle = os.open(f"{procfs.PROC}/{where.pid}/fd/{where.fd}", os.O_PATH | os.O_CLOEXEC)
+        handle = os.open(f"{procfs.PROC}/{where.pid}/fd/{where.fd}", procfs.O_PATH | os.O_CLOEXEC)
     except OSError:
         return None
     try:

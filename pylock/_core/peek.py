@@ -17,10 +17,16 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 
 from . import procfs as _procfs
+from .native import lib
 
-_O_PATH = getattr(os, "O_PATH", 0)
+_O_PATH = _procfs.O_PATH  # 0 where Linux's O_PATH does not exist
+# Closing a file on FUSE or NFS waits for its server (a flush).  PyPy's
+# os.close keeps the GIL meanwhile, which stops every thread of the program
+# (an in-process FUSE server too, for good); the C core's close lets it go.
+close_read = os.close if sys.implementation.name == "cpython" else lib.pl_close
 _READ_FLAGS = (
     os.O_RDONLY
     | getattr(os, "O_CLOEXEC", 0)
@@ -70,7 +76,7 @@ class Peek:
 
     def open_to_read(self) -> int:
         """A read-only descriptor of this very file, opened only if it is a
-        regular file (EINVAL otherwise); the caller closes it."""
+        regular file (EINVAL otherwise); the caller closes it (close_read)."""
         if not self.regular:
             raise OSError(errno.EINVAL, "not a regular file", self.path)
         fd = -1
@@ -84,9 +90,9 @@ class Peek:
         try:
             now = os.fstat(fd)
         except BaseException:
-            os.close(fd)
+            close_read(fd)
             raise
         if (now.st_dev, now.st_ino) != (self.st.st_dev, self.st.st_ino):
-            os.close(fd)
+            close_read(fd)
             raise FileNotFoundError(errno.ENOENT, "replaced while looked at", self.path)
         return fd

@@ -25,9 +25,13 @@ checked on the holder's descriptor itself (/proc/PID/fd/N).
 from __future__ import annotations
 
 import os
+import sys
 from collections import namedtuple
 
 PROC = "/proc"
+# PyPy's os has no O_PATH: Linux's value then, one on every architecture
+# PyPy runs on (asm-generic/fcntl.h; only alpha, parisc and sparc differ).
+O_PATH: int = getattr(os, "O_PATH", 0o10000000 if sys.platform.startswith("linux") else 0)
 
 # Loaded by `pylock run` and the first acquisition's helpers: typing (for
 # NamedTuple) would cost start-up time, so the tuples are collections'.

@@ -258,6 +258,12 @@ def _deliver(wait: LoopWait, rc: int) -> None:
         wait.future.set_result(rc)
 
 
+# Declared before _block_signals: PyPy 3.9 refuses an annotation after a
+# function's `global` of the name ("annotated name can't be global").
+_all_signals: Any = None
+_blocked_by_wake: dict[int, Any] = {}
+
+
 def _block_signals() -> None:
     """pylock's threads take none of the program's signals: they go to the
     program's own threads (pylock's wake signal is unblocked by the C core
@@ -279,7 +285,3 @@ def _block_signals() -> None:
         if blocked is None:
             blocked = _blocked_by_wake[wake] = _all_signals - {wake}
         _signal.pthread_sigmask(_signal.SIG_BLOCK, blocked)
-
-
-_all_signals: Any = None
-_blocked_by_wake: dict[int, Any] = {}

@@ -201,7 +201,9 @@ def bind_port(
 def _reuse_address(sock: socket.socket) -> None:
     if sys.platform == "win32":
         # Windows' SO_REUSEADDR would let the bind steal a live port.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
+        # ~SO_REUSEADDR is winsock's own definition, for a socket module without it.
+        exclusive = getattr(socket, "SO_EXCLUSIVEADDRUSE", ~socket.SO_REUSEADDR)
+        sock.setsockopt(socket.SOL_SOCKET, exclusive, 1)
     else:
         # Lets a restarted server bind past its predecessor's TIME_WAIT
         # connections; a live listener still refuses the bind.

@@ -12,7 +12,7 @@ cannot be verified is never signalled: TakeoverRefused says why.
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import logging
 import math
 import os
@@ -25,6 +25,7 @@ from typing import Any
 from .._core import procfs as _procfs
 from .._core.display import display
 from .._core.errors import LockError
+from .._core.native import lib
 from .._core.process import Pinned, PinUnavailable, pin
 from .._lock.errors import LockHeld, describe_holder
 from .._lock.holder import Holder
@@ -83,9 +84,11 @@ class _Victim:
         self.pinned = pinned
 
     def signal(self, signum: int) -> None:
-        # ProcessLookupError: it has been reaped, gone as wanted.
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(self.pinned.handle, signum)
+        # Through the C core: PyPy's signal module has no pidfd_send_signal.
+        rc = lib.pl_proc_signal(self.pinned.handle, signum)
+        # ESRCH: it has been reaped, gone as wanted.
+        if rc and rc != errno.ESRCH:
+            raise OSError(rc, f"cannot signal pid {self.holder.pid}: {os.strerror(rc)}")
 
     def close(self) -> None:
         self.pinned.close()

@@ -82,9 +82,18 @@ class UnixListener(socket.socket):
         return self.path if self.path is not None else super().getsockname()
 
 
+# PyPy's socket has no SO_PEERCRED: Linux's value then, 21 on powerpc and
+# 17 on PyPy's other architectures (asm-generic/socket.h).
+_SO_PEERCRED: int = (
+    getattr(socket, "SO_PEERCRED", 21 if os.uname().machine.startswith("ppc") else 17)
+    if sys.platform.startswith("linux")
+    else 0
+)
+
+
 def _peer_credentials(sock: socket.socket) -> Peer:
     if sys.platform.startswith("linux"):
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, gid = struct.unpack("3i", raw)
         return Peer(pid, uid, gid)
     if sys.platform == "darwin":

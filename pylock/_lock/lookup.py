@@ -16,7 +16,7 @@ from .._core import fs as _fs
 from .._core import procfs as _procfs
 from .._core.errors import NOT_REGULAR, SYMLINK, LockFileError, advice_for
 from .._core.native import check, ffi, lib, open_lock_file
-from .._core.peek import Peek
+from .._core.peek import Peek, close_read
 from .._core.process import ProcessIdentity, identity_of, same_process
 from . import record as _record
 from .holder import Holder, described_by_kernel, from_record
@@ -123,7 +123,7 @@ class Inspection:
         if self._unread:
             self._unread = False
             if _LINUX:
-                os.close(self._handle)
+                close_read(self._handle)
             else:
                 lib.pl_close(self._handle)
 
@@ -202,7 +202,7 @@ class Inspection:
                 try:
                     return held_by_probe(fd)
                 finally:
-                    os.close(fd)
+                    close_read(fd)
             handle = open_lock_file(self.path, lib.PL_OPEN_READONLY)
         except OSError:
             return False

@@ -271,6 +271,11 @@ def task_owner() -> object:
     return task
 
 
+# Annotated before the function that rebinds it: PyPy 3.9 refuses an
+# annotation after a function's `global` of the name.
+_current_task: Callable[[], Any]
+
+
 def _first_current_task() -> Any:
     """Finds asyncio's current_task on the first call, from a coroutine (so
     asyncio is loaded by then), and from then on is replaced by it."""
@@ -279,7 +284,7 @@ def _first_current_task() -> Any:
     return _current_task()
 
 
-_current_task: Callable[[], Any] = _first_current_task
+_current_task = _first_current_task
 
 
 def _current_task_function() -> Callable[[], Any]:

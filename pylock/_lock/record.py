@@ -18,8 +18,13 @@ import zlib
 # run`: json (which loads re) and socket are imported only when needed.
 try:
     from _json import encode_basestring_ascii as _json_str  # what json.dumps uses
-except ImportError:  # pragma: no cover - interpreters without the C accelerator
-    from json.encoder import py_encode_basestring_ascii as _json_str
+except ImportError:  # pragma: no cover - PyPy: its accelerator leaves out the quotes
+    from _pypyjson import raw_encode_basestring_ascii as _raw  # type: ignore[import-not-found]
+
+    def _quoted(s: str) -> str:
+        return f'"{_raw(s)}"'
+
+    _json_str = _quoted
 
 from .._core.native import ffi, lib
 

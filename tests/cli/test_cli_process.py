@@ -11,12 +11,14 @@ import pty
 import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import pidfd_open
 from tests.support.cli import (
     FLOCK,
     PYLOCK,
@@ -168,7 +170,7 @@ def test_signal_to_the_wrapper_alone_leaves_the_command_and_its_lock(
     with started([*wrapper, lock_path, "sh", "-c", "echo $$; read x; echo done"]) as proc:
         assert proc.stdout is not None and proc.stdin is not None
         shell = int(proc.stdout.readline())
-        shell_exit = os.pidfd_open(shell)
+        shell_exit = pidfd_open(shell)
         os.kill(proc.pid, signum)
         assert proc.wait(timeout=30) == -signum  # ended as flock(1) ends: by the signal
         assert os.path.exists(f"/proc/{shell}")
@@ -228,8 +230,22 @@ def test_exit_status_is_never_lost(lock_path: str) -> None:
     assert seen
 
 
+# PyPy sets its KeyboardInterrupt handler over an ignored SIGINT at start
+# (CPython keeps it ignored): pylock cannot see that the caller ignored it.
+PYPY = sys.implementation.name == "pypy"
+
+
+def _signal_name(signum: int) -> str:
+    # PyPy's Signals lacks some of Linux's (SIGSTKFLT, 16).
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def test_signals_the_caller_ignores_stay_ignored(lock_path: str) -> None:
     ignored = [signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1]
+    kept = [s for s in ignored if not (PYPY and s == signal.SIGINT)]
 
     def ignore() -> None:
         for signum in ignored:
@@ -238,7 +254,7 @@ def test_signals_the_caller_ignores_stay_ignored(lock_path: str) -> None:
     # grep reads its own status: it is the command (a shell's own mask moves as it forks).
     out = cli("run", lock_path, "grep", "SigIgn", "/proc/self/status", preexec_fn=ignore)
     mask = int(out.stdout.split()[1], 16)
-    for signum in ignored:
+    for signum in kept:
         assert mask & (1 << (signum - 1)), signal.Signals(signum).name
     # What Python ignores for itself is not passed on.
     default = cli("run", lock_path, "grep", "SigIgn", "/proc/self/status")
@@ -462,9 +478,12 @@ def test_exactly_the_signals_the_readme_names_are_not_passed_on_ignored(lock_pat
     # The control: what a plain exec keeps ignored here (the starting
     # process may keep fewer, e.g. a synchronous signal).
     reset = ignored() - ignored(PYLOCK, "run", lock_path)
-    assert reset == {"SIGPIPE", "SIGXFSZ", "SIGCHLD"}
+    assert reset == {"SIGPIPE", "SIGXFSZ", "SIGCHLD", *(["SIGINT"] if PYPY else [])}
     with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
         readme = f.read()
     start = readme.index("Signals the caller ignored stay ignored in the command")
     sentence = readme[start : readme.index(").", start)]
-    assert set(re.findall(r"\bSIG[A-Z]+\b", sentence)) == reset, sentence
+    assert set(re.findall(r"\bSIG[A-Z]+\b", sentence)) == reset - {"SIGINT"}, sentence
+    if PYPY:
+        pypy = readme[readme.index("Under PyPy a fourth", start) :]
+        assert "SIGINT" in pypy[: pypy.index(".")], pypy

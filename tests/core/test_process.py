@@ -15,6 +15,7 @@ import pytest
 
 from pylock._core import process as _process
 from pylock._core.process import ProcessIdentity, identity_of, is_alive, same_process, self_identity
+from tests.support import pidfd_open
 from tests.support.children import Sleeper
 from tests.support.procs import boot_id, start_time, stat_fields
 
@@ -27,8 +28,8 @@ def test_identity_of_self_matches_the_kernel() -> None:
     assert me.pid == os.getpid()
     assert me.start_time == start_time(os.getpid())
     assert me.boot_id == boot_id()
-    if PINNING and hasattr(os, "pidfd_open"):
-        fd = os.pidfd_open(os.getpid())
+    if PINNING:
+        fd = pidfd_open(os.getpid())
         try:
             pidfs = _is_pidfs(fd)
             assert me.pidfs_ino == (os.fstat(fd).st_ino if pidfs else 0)
@@ -40,7 +41,7 @@ def test_identity_of_self_matches_the_kernel() -> None:
 
 def _is_pidfs(fd: int) -> bool:
     # Two processes' pidfds have distinct inodes only on pidfs (6.9+).
-    other = os.pidfd_open(1)
+    other = pidfd_open(1)
     try:
         return os.fstat(fd).st_ino != os.fstat(other).st_ino
     finally:
@@ -50,7 +51,8 @@ def _is_pidfs(fd: int) -> bool:
 def test_identity_of_parses_a_command_name_with_spaces_and_parentheses() -> None:
     code = (
         "import sys\n"
-        "open('/proc/self/comm', 'w').write('x) 1 2 (y) Z 9')\n"
+        "with open('/proc/self/comm', 'w') as comm:\n"
+        "    comm.write('x) 1 2 (y) Z 9')\n"
         "print('named', flush=True)\n"
         "sys.stdin.read()\n"
     )

@@ -15,7 +15,7 @@ import pytest
 
 from pylock._core import procfs
 from tests.support import IS_ROOT
-from tests.support.children import Child, Forked, Sleeper
+from tests.support.children import Child, Forked, Sleeper, wait_unreaped
 from tests.support.procs import NOBODY
 
 
@@ -39,7 +39,7 @@ def test_a_process_without_a_command_line_is_named_by_its_comm() -> None:
     child = Child(["sleep", "3600"], capture_stderr=False)
     try:
         child.signal(9)
-        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # a zombie: cmdline is empty
+        wait_unreaped(child.pid)  # a zombie: cmdline is empty
         assert procfs.cmdline(child.pid) == ()
         assert procfs.command_of(child.pid) == ("sleep", ())
     finally:

@@ -413,6 +413,8 @@ def as_victim(fn: Callable[[], Any]) -> Any:
 def test_a_port_dir_swapped_between_its_check_and_the_open_never_gets_the_lock_file(
     nobodys_parent, how
 ):
+    # Paused after the directory was checked, just before the lock file is opened.
+    opening = call_of("pl_open", "pl_open_at")
     parent, elsewhere = nobodys_parent
     port = free_port()
     attacker = swapper(parent, elsewhere, how)
@@ -423,8 +425,7 @@ def test_a_port_dir_swapped_between_its_check_and_the_open_never_gets_the_lock_f
         assert attacker.line() == "swapped"
 
     def victim() -> dict[str, Any]:
-        # Paused after the directory was checked, just before the lock file is opened.
-        with paused_at(call_of("pl_open", "pl_open_at"), move) as paused:
+        with paused_at(opening, move) as paused:
             lock = pylock.port_lock(port)
         st = lock_file.stat() if lock_file.exists() else None
         return {

@@ -74,7 +74,8 @@ PRELUDE = textwrap.dedent(
             p.stdin.write(f"{code}".encode())
         p.stdin.close()
 
-    def runner(kind):
+    def run(kind, coro):
+        # asyncio.Runner is Python 3.11+; these two are the same on every version.
         if kind == "uvloop":
             import uvloop
             return loops.runner(uvloop.new_event_loop)
@@ -109,16 +110,33 @@ def _run_case(code: str, *args: str, timeout: float = 120) -> Any:
 BLOCKED = """
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # before any thread
 
+if hasattr(signal, "sigtimedwait"):
+    def sigchld_from(timeout):
+        info = signal.sigtimedwait({signal.SIGCHLD}, timeout)
+        return None if info is None else info.si_pid
+else:  # PyPy: libc's (siginfo_t's si_pid at offset 16 on 64-bit Linux)
+    class Timespec(ctypes.Structure):
+        _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+    def sigchld_from(timeout):
+        mask, info = ctypes.create_string_buffer(128), ctypes.create_string_buffer(128)
+        libc.sigemptyset(mask)
+        libc.sigaddset(mask, signal.SIGCHLD)
+        wait = Timespec(int(timeout), 0)
+        if libc.sigtimedwait(mask, info, ctypes.byref(wait)) < 0:
+            return None
+        return ctypes.c_int.from_buffer(info, 16).value
+
 def own_children(n):
     # The program's own children, seen through its own sigtimedwait.
-    while signal.sigtimedwait({signal.SIGCHLD}, 0) is not None:
+    while sigchld_from(0) is not None:
         pass  # what earlier exits left pending
     seen = 0
     for _ in range(n):
         p = subprocess.Popen(["true"])
-        info = signal.sigtimedwait({signal.SIGCHLD}, 5)
+        pid = sigchld_from(5)
         p.wait()
-        if info is None or info.si_pid != p.pid:
+        if pid != p.pid:
             break
         seen += 1
     return seen
@@ -192,8 +210,7 @@ async def main():
     out["wait_exit"] = pylock.wait_exit(c.pid, timeout=30)
     c.wait()
 
-with runner(sys.argv[1]) as r:
-    r.run(main())
+run(sys.argv[1], main())
 out["handler_calls"] = len(calls)
 print(json.dumps(out))
 """

@@ -81,7 +81,7 @@ def any_loop(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def run(coro: Any) -> Any:
-    factory = None
+    # asyncio.Runner is Python 3.11+; these two are the same on every version.
     if _loop_kind[0] == "uvloop":
         import uvloop
 

@@ -40,11 +40,16 @@ FORKER = textwrap.dedent(
             seen["release"] = "released"
         except pylock.NotHeld:
             seen["release"] = "NotHeld"
+        # Closed, not dropped: on PyPy a dropped Lock keeps its descriptor
+        # until the collector runs.
+        other = pylock.Lock(path)
         try:
-            pylock.Lock(path).acquire(blocking=False)
+            other.acquire(blocking=False)
             seen["acquire"] = "acquired"
         except pylock.LockHeld as exc:
             seen["acquire"] = "LockHeld %d" % exc.holder.pid
+        finally:
+            other.close()
         os.write(w, (json.dumps(seen) + "\\n").encode())
         if child_mode == "run":
             sys.stdin.read()

@@ -23,6 +23,7 @@ import pytest
 import pylock
 from pylock._core.process import ProcessIdentity, identity_of, self_identity
 from pylock._lock import record as _record
+from tests.support import pidfd_open
 from tests.support.children import Script, Sleeper
 from tests.support.kernel_locks import granted_pids
 from tests.support.procs import NOBODY, boot_id, cmdline, in_child, start_time
@@ -111,7 +112,7 @@ def test_holder_fields_of_a_live_holder(lock_path: str, spawn_holder) -> None:
     assert found.start_time == start_time(holder.pid)
     assert found.boot_id == boot_id()
     if self_identity().pidfs_ino:
-        pidfd = os.pidfd_open(holder.pid)
+        pidfd = pidfd_open(holder.pid)
         try:
             assert found.pidfs_ino == os.fstat(pidfd).st_ino
         finally:

@@ -193,6 +193,8 @@ def _serve(fd: int) -> None:
             request = os.read(fd, 1 << 17)
         except OSError:  # ENODEV once unmounted, EBADF once closed
             return
+        if len(request) < _IN.size:  # the end, as some kernels report an unmount
+            return
         length, opcode, unique, node, *_ = _IN.unpack_from(request)
         try:
             answer = _answer(opcode, node, request[_IN.size : length])

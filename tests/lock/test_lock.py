@@ -634,6 +634,8 @@ def test_dropping_a_held_lock_object_releases_the_kernel_lock(lock_path: str) ->
     lock.acquire()
     assert not free_from_elsewhere(lock_path)
     del lock
+    if sys.implementation.name != "cpython":
+        gc.collect()  # no reference counting: released once collected (README, Known limits)
     assert free_from_elsewhere(lock_path)
 
 

@@ -19,7 +19,8 @@ from tests.support.sizes import Figures
 
 # The holder takes the lock, then starts children of every kind that outlive
 # it: a plain fork (sleeping), a fork that execs sleep(1), subprocess.Popen
-# with close_fds=False, and os.posix_spawn. It prints their pids and waits.
+# with close_fds=False, and os.posix_spawn (where os has it: not on PyPy).
+# It prints their pids and waits.
 HOLDER_WITH_CHILDREN = r"""
 import os, signal, subprocess, sys, json, pylock
 path = sys.argv[1]
@@ -36,7 +37,8 @@ if pid == 0:
     os.execv("/bin/sleep", ["sleep", "1000"])
 kids["fork_exec"] = pid
 kids["popen_close_fds_false"] = subprocess.Popen(["sleep", "1000"], close_fds=False).pid
-kids["posix_spawn"] = os.posix_spawn("/bin/sleep", ["sleep", "1000"], dict(os.environ))
+if hasattr(os, "posix_spawn"):
+    kids["posix_spawn"] = os.posix_spawn("/bin/sleep", ["sleep", "1000"], dict(os.environ))
 print("kids", json.dumps(kids), flush=True)
 sys.stdin.readline()
 if sys.argv[2] == "exit":

@@ -32,6 +32,20 @@ CHECKOUT = os.path.isdir(os.path.join(REPO_ROOT, "csrc")) and os.path.isdir(
 )
 
 
+def pidfd_open(pid: int) -> int:
+    """os.pidfd_open, also where os lacks it (PyPy): the system call itself."""
+    if hasattr(os, "pidfd_open"):
+        return os.pidfd_open(pid)
+    import ctypes
+
+    # SYS_pidfd_open: 434 on every architecture but alpha.
+    fd = int(ctypes.CDLL(None, use_errno=True).syscall(434, pid, 0))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return fd
+
+
 def env_with_repo(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a child that must import tests.support from this
     checkout, and the same pylock as the suite, whatever its working directory."""

@@ -20,6 +20,7 @@ line by line over a pipe, when they have done something.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -34,6 +35,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tests.support import env_with_repo
+
+
+def wait_unreaped(pid: int) -> None:
+    """Return once the child pid has exited, left unreaped (a zombie)."""
+    if hasattr(os, "waitid"):
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        return
+    # PyPy's os has no waitid: libc's, with Linux's constants.
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    siginfo = ctypes.create_string_buffer(128)
+    p_pid, wexited, wnowait = 1, 4, 0x01000000
+    while libc.waitid(p_pid, pid, siginfo, wexited | wnowait) != 0:
+        err = ctypes.get_errno()
+        if err != errno.EINTR:
+            raise OSError(err, os.strerror(err))
 
 
 def read_line(
@@ -138,7 +156,7 @@ class Child:
     def zombify(self) -> None:
         """Close its stdin and return once it has exited, left unreaped (a zombie)."""
         self.close_stdin()
-        os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+        wait_unreaped(self.pid)
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -204,6 +222,7 @@ def sleep_processes(n: int) -> list[subprocess.Popen[bytes]]:
 INTERMEDIATE = textwrap.dedent(
     """
     import os, subprocess, sys
+    from tests.support.children import wait_unreaped
     target = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
     if target.stdout.readline().strip() != "ready":
@@ -211,7 +230,7 @@ INTERMEDIATE = textwrap.dedent(
     print(target.pid, flush=True)
     for line in sys.stdin:
         if line.strip() == "zombie":
-            os.waitid(os.P_PID, target.pid, os.WEXITED | os.WNOWAIT)
+            wait_unreaped(target.pid)
             print("zombie", flush=True)
         elif line.strip() == "reap":
             print(target.wait(), flush=True)

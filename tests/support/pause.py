@@ -24,12 +24,23 @@ When = Callable[[str, str], bool]
 def call_of(*names: str) -> When:
     """Just before a C call of one of these names (os.unlink is "unlink",
     socket.bind "bind", pylock's C core's functions their C names)."""
+    _reported(names)
     return lambda event, name: event == "c_call" and name in names
 
 
 def return_of(*names: str) -> When:
     """Just after a C call of one of these names returns."""
+    _reported(names)
     return lambda event, name: event == "c_return" and name in names
+
+
+def _reported(names: tuple[str, ...]) -> None:
+    # PyPy's profiler reports calls of its builtins (os, socket) but none
+    # into cffi functions: a step in pylock's C core cannot be paused at.
+    if sys.implementation.name == "pypy" and any(name.startswith("pl_") for name in names):
+        import pytest
+
+        pytest.skip("PyPy reports no calls into pylock's C core (cffi) to sys.setprofile")
 
 
 @contextmanager

@@ -47,7 +47,6 @@ PRELUDE = textwrap.dedent(
     import asyncio, ctypes, json, os, signal, subprocess, sys, threading
     import pylock
     from pylock._core import process as _process
-    from tests.support import loops
 
     out = {"pinning": _process.pinning_available()}
 
@@ -78,8 +77,8 @@ PRELUDE = textwrap.dedent(
         # asyncio.Runner is Python 3.11+; these two are the same on every version.
         if kind == "uvloop":
             import uvloop
-            return loops.runner(uvloop.new_event_loop)
-        return loops.runner()
+            return uvloop.run(coro)
+        return asyncio.run(coro)
 
     async def started(coro):
         task = asyncio.ensure_future(coro)

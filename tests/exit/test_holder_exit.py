@@ -33,7 +33,7 @@ import pylock
 from pylock import ExitWatcher, Holder, Lock, holder_exit, wait_exit
 from pylock._core import process as _process
 from pylock._exit.api import ProcessExit
-from tests.support import env_with_repo, loops, pidns
+from tests.support import env_with_repo, pidns
 from tests.support.children import HolderProcess, NonChild, Sleeper, sleep_processes
 from tests.support.kernel_locks import open_fds
 from tests.support.procs import wait_threads_end
@@ -85,9 +85,8 @@ def run(coro: Any) -> Any:
     if _loop_kind[0] == "uvloop":
         import uvloop
 
-        factory = uvloop.new_event_loop
-    with loops.runner(factory) as runner:
-        return runner.run(coro)
+        return uvloop.run(coro)
+    return asyncio.run(coro)
 
 
 async def started(coro: Any) -> asyncio.Task[Any]:

@@ -15,7 +15,6 @@ from typing import Any, Callable
 import pytest
 
 import pylock
-from tests.support import loops
 from tests.support.kernel_locks import free_from_elsewhere
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
@@ -31,8 +30,7 @@ def run_on(kind: str, main: Callable[[], Any]) -> Any:
     if kind == "uvloop":
         import uvloop
 
-        with loops.runner(uvloop.new_event_loop) as runner:
-            return runner.run(main())
+        return uvloop.run(main())
     return asyncio.run(main())
 
 

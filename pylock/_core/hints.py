@@ -8,8 +8,8 @@ that to one per file and process: a second waiter in the same process
 waits in a thread), which try the lock; their own flock decides.
 
 The descriptor exists while tasks wait: the last one to leave closes it,
-a turn of the loop later (a loop that closes with a task still waiting
-leaks nothing: the descriptor goes with the process, or the next fork).
+a turn of the loop later; one whose loop closed with a task still waiting
+is closed when that task is collected, or by the next loop's first wait.
 """
 
 from __future__ import annotations
@@ -98,11 +98,8 @@ class LoopHints:
         """A new waiter's hints on the file handle is open on; None when no
         watch can be had (ENOSPC)."""
         wd = ffi.new("int *")
-        rc = lib.pl_hints_watch(self.fd, handle, wd)
-        if rc:
-            if rc in (errno.ENOSPC, errno.ENOMEM, errno.EACCES, errno.ENOENT):
-                return None
-            raise OSError(rc, os.strerror(rc))
+        if lib.pl_hints_watch(self.fd, handle, wd):
+            return None  # ENOSPC, ENOMEM, or /proc unusable: the thread is always right
         file = self.files.get(wd[0])
         if file is None:
             file = self.files[wd[0]] = FileHints(self, wd[0])
@@ -115,6 +112,9 @@ class LoopHints:
             del self.files[file.wd]
             lib.pl_hints_unwatch(self.fd, file.wd)  # EINVAL: the kernel removed it first
         if not self.files and not self._closing:
+            if self.loop.is_closed():  # a task of a closed loop, collected
+                self.forget()
+                return
             self._closing = True
             self.loop.call_soon(self._close_if_idle)
 
@@ -122,17 +122,16 @@ class LoopHints:
         self._closing = False
         if self.files or _per_loop.get(self.loop) is not self:
             return
-        del _per_loop[self.loop]
         self.loop.remove_reader(self.fd)
-        os.close(self.fd)
+        self.forget()
 
     def _read(self) -> None:
-        rc = lib.pl_hints_read(self.fd, self._wds, _BATCH, self._n, self._overflow)
-        if rc:
+        if lib.pl_hints_read(self.fd, self._wds, _BATCH, self._n, self._overflow):
             # The descriptor failed (it never should): every waiter tries and
-            # the next waits start afresh on a new one.
-            self._overflow[0] = 1
-            self._discard()
+            # watches its file again, on a new one.
+            self.loop.remove_reader(self.fd)
+            self.forget()
+            return
         files = self.files
         for i in range(self._n[0]):
             wd = self._wds[i]
@@ -151,15 +150,19 @@ class LoopHints:
             for file in list(files.values()):
                 file.wake_all()
 
-    def _discard(self) -> None:
-        self.loop.remove_reader(self.fd)
-        self.forget()
-
     def forget(self) -> None:
+        """Close the descriptor (once: the number may be the program's
+        next); its waiters try again and watch anew."""
         if _per_loop.get(self.loop) is self:
             del _per_loop[self.loop]
-        os.close(self.fd)
-        self.files = {}
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+        files, self.files = self.files, {}
+        for file in files.values():
+            file.wd = 0
+            if not self.loop.is_closed():  # whose futures can no longer be set
+                file.wake_all()
 
 
 # The hints of each running loop; a forked child starts with none (the
@@ -189,8 +192,9 @@ def loop_hints(loop: asyncio.AbstractEventLoop) -> LoopHints | None:
 
 def _forget_in_child() -> None:
     for hints in _per_loop.values():
+        fd, hints.fd, hints.files = hints.fd, -1, {}  # a late leave() closes nothing
         try:  # noqa: SIM105 (contextlib is not loaded at `import pylock`)
-            os.close(hints.fd)
+            os.close(fd)
         except OSError:
             pass
     _per_loop.clear()

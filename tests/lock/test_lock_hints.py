@@ -339,3 +339,42 @@ def test_many_tasks_of_one_process_on_one_file_all_acquire(lock_path: str) -> No
         asyncio.run(main())
     finally:
         stop(holder)
+
+
+def inotify_descriptors() -> int:
+    found = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
+        except OSError:
+            continue
+    return found
+
+
+def test_a_loop_closed_with_a_task_waiting_on_hints_leaks_no_descriptor(tmp_path: Path) -> None:
+    first, second = str(tmp_path / "first.lock"), str(tmp_path / "second.lock")
+    holder = start(PYLOCK_HOLDER, first, second)
+    try:
+        before = inotify_descriptors()
+        loop = asyncio.new_event_loop()
+        lock = pylock.Lock(first)
+        task = loop.create_task(lock.acquire_async())
+        while not hint_watches(first, os.getpid()):
+            loop.run_until_complete(asyncio.sleep(0.001))
+        loop.close()  # the task never ends: its loop is gone
+        assert inotify_descriptors() == before + 1
+
+        async def another_wait() -> None:
+            other = pylock.Lock(second)
+            waiting = asyncio.ensure_future(other.acquire_async())
+            await until(lambda: hint_watches(second, os.getpid()) == 1, "never waited")
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            other.close()
+
+        asyncio.run(another_wait())  # the next loop's first wait closes the dead loop's
+        assert inotify_descriptors() == before
+        assert not task.done() and not lock.locked
+    finally:
+        stop(holder)

@@ -154,7 +154,7 @@ class LoopHints:
         """Close the descriptor (once: the number may be the program's
         next); its waiters try again and watch anew."""
         if _per_loop.get(self.loop) is self:
-            del _per_loop[self.loop]
+            _per_loop.pop(self.loop, None)
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
@@ -178,7 +178,7 @@ def loop_hints(loop: asyncio.AbstractEventLoop) -> LoopHints | None:
     hints = _per_loop.get(loop)
     if hints is not None or _unavailable:
         return hints
-    for closed in [h for other, h in _per_loop.items() if other.is_closed()]:
+    for closed in [h for other, h in list(_per_loop.items()) if other.is_closed()]:
         closed.forget()  # its loop closed with tasks still waiting: they never will
     out = ffi.new("pl_handle *")
     rc = lib.pl_hints_open(out)
@@ -186,7 +186,12 @@ def loop_hints(loop: asyncio.AbstractEventLoop) -> LoopHints | None:
         if rc in (errno.ENOSYS, errno.EPERM):
             _unavailable.append(rc)  # for good: every wait takes a thread
         return None  # EMFILE, ENFILE, ENOMEM: this wait takes a thread
-    hints = _per_loop[loop] = LoopHints(loop, int(out[0]))
+    try:
+        hints = LoopHints(loop, int(out[0]))
+    except Exception:  # a loop without add_reader (Windows' proactor): threads
+        os.close(int(out[0]))
+        return None
+    _per_loop[loop] = hints
     return hints
 
 

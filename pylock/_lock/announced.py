@@ -20,6 +20,7 @@ read of /proc/locks, not thousands.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -121,16 +122,21 @@ def _answer(hints: LoopHints) -> None:
     batch = _batches.pop(hints, None)
     if batch is None:
         return
-    table = flock_holders({_key_of(lock, file) for lock, file, _ in batch.asked})
+    keys = set()
+    for lock, file, _ in batch.asked:
+        with contextlib.suppress(OSError):  # then _step finds no facts: THREAD
+            keys.add(_key_of(lock, file))
+    table = flock_holders(keys)
     alive: dict[Any, bool] = {}
     for lock, file, future in batch.asked:
-        if future.done():
-            continue  # its task gave up meanwhile
+        step = THREAD  # whatever fails in looking: the kernel decides
         try:
             step = _step(lock, file, table, alive)
-        except OSError:
-            step = THREAD  # the file could not be looked at: the kernel decides
-        future.set_result(step)
+        except Exception:  # every task of the batch must get an answer
+            pass
+        finally:
+            if not future.done():  # its task may have given up meanwhile
+                future.set_result(step)
 
 
 def _key_of(lock: LockFile, file: FileHints) -> Any:
@@ -145,6 +151,8 @@ def _step(lock: LockFile, file: FileHints, table: Any, alive: dict[Any, bool]) -
     if held_in_process(lock):
         return THREAD
     facts = file.facts
+    if facts is None:
+        return THREAD
     holders = table.get((facts.key.dev, facts.key.ino)) if table is not None else None
     if holders is None:
         return THREAD if table is None else RETRY  # unreadable, or released meanwhile

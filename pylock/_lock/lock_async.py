@@ -132,7 +132,8 @@ class AsyncAcquire(LockFile):
         hint = None if hints is None else hints.hint_for(self._lf.handle)
         if hint is None:
             return await self._wait_async(attempt, owner, deadline, timeout, waits)
-        timer = None if deadline is None else loop.call_later(_left(deadline), hint.wake)
+        box = [hint]  # the hint the deadline wakes; a second item once it passed
+        timer = None if deadline is None else loop.call_later(_left(deadline), _expire, box)
         retried = 0  # RETRY: the holder left as we looked, or the table lost its line
         try:
             while True:  # watched before each try: no release falls in between
@@ -140,6 +141,8 @@ class AsyncAcquire(LockFile):
                 rc = _acquire(self._lf, id(attempt))
                 if rc != errno.EWOULDBLOCK:
                     return int(rc)
+                if len(box) > 1 or passed(deadline):  # a timer may fire early (uvloop)
+                    self._raise_held(True, timeout)
                 step = next_step(self, hint.file)
                 if step.__class__ is not str:
                     step = await step  # type: ignore[misc]
@@ -151,11 +154,9 @@ class AsyncAcquire(LockFile):
                 retried = 0
                 if not hint.hinted:
                     await hint.next()
-                if passed(deadline):
-                    self._raise_held(True, timeout)
                 if hint.file.wd == 0:  # the watch is gone: watch the file again
                     hint.leave()
-                    hint = hints.hint_for(self._lf.handle)  # type: ignore[union-attr]
+                    hint = box[0] = hints.hint_for(self._lf.handle)  # type: ignore[union-attr,assignment]
                     if hint is None:
                         break
         finally:
@@ -227,6 +228,12 @@ class AsyncAcquire(LockFile):
 
 def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
+
+
+def _expire(box: list[Any]) -> None:
+    box.append(True)  # for good: a later pass must not take it for a hint
+    if box[0] is not None:
+        box[0].wake()
 
 
 def _orphaned(lock: AsyncAcquire, attempt: object, rc: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+from _thread import allocate_lock
 from _weakref import ref
 from _weakrefset import WeakSet  # what weakref.WeakSet is, without weakref's import cost
 
@@ -53,15 +54,14 @@ if TYPE_CHECKING:
 
 
 # Every lock file open in this process: a forked child forgets them (the C
-# core has closed their descriptors), a wait that could only deadlock (this
-# owner holds the file through another Lock) is refused by looking here, and
-# an observer is pointed at each.
+# core has closed their descriptors), and an observer is pointed at each.
 _open_locks: WeakSet[LockFile] = WeakSet()
-# The same by file (device, inode), for the waits' look at who else has it
-# open: weak references in a list (a WeakSet per file cost 700 bytes each).
+# The same by file (device, inode), for the waits' look at who else has it open
+# (a wait that could only deadlock is refused by looking here): weak references
+# in a list (a WeakSet per file cost 700 bytes each).
 _open_by_key: dict[tuple[int, int], list[ref[LockFile]]] = {}
-# The record head of the Lock objects without info, the same for all of
-# them, by the identity of the process (a forked child makes its own).
+_index_mu = allocate_lock()
+# The record head of all Lock objects without info, by process (a child makes its own).
 _plain_heads: dict[Any, tuple[Any, int, int]] = {}
 
 
@@ -75,18 +75,19 @@ def open_on(key: tuple[int, int]) -> list[LockFile]:
 
 def _opened(lock: LockFile) -> None:
     _open_locks.add(lock)
-    same = _open_by_key.setdefault(lock._key, [])
-    same[:] = [r for r in same if r() is not None]  # a collected Lock's, closed by __del__
-    same.append(ref(lock))
+    with _index_mu:  # threads open and close lock files of one file at once
+        same = [r for r in _open_by_key.get(lock._key, ()) if r() is not None]
+        _open_by_key[lock._key] = [*same, ref(lock)]  # a collected Lock's is dropped
 
 
 def _closed(lock: LockFile) -> None:
     _open_locks.discard(lock)
-    same = _open_by_key.get(lock._key)
-    if same is not None:
-        same[:] = [r for r in same if r() is not None and r() is not lock]
-        if not same:
-            del _open_by_key[lock._key]
+    with _index_mu:
+        same = [r for r in _open_by_key.get(lock._key, ()) if r() not in (None, lock)]
+        if same:
+            _open_by_key[lock._key] = same
+        else:
+            _open_by_key.pop(lock._key, None)
 
 
 # Told of conflicts, waits and newly opened lock files (None: nobody).

@@ -378,3 +378,28 @@ def test_a_loop_closed_with_a_task_waiting_on_hints_leaks_no_descriptor(tmp_path
         assert not task.done() and not lock.locked
     finally:
         stop(holder)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_timed_wait_on_hints_ends_at_its_deadline(lock_path: str, loop: str) -> None:
+    """uvloop's timers may fire a little before the deadline by the monotonic
+    clock: the wait still ends then, never waits on for the next hint."""
+    if loop == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+    holder = start(PYLOCK_HOLDER, lock_path)
+    try:
+
+        async def main() -> None:
+            lock = pylock.Lock(lock_path)
+            for _ in range(8):
+                with pytest.raises(pylock.LockTimeout):
+                    await asyncio.wait_for(lock.acquire_async(timeout=0.05), 10)
+            assert not lock.locked
+            lock.close()
+
+        if loop == "uvloop":
+            uvloop.run(main())
+        else:
+            asyncio.run(main())
+    finally:
+        stop(holder)

@@ -124,9 +124,7 @@ class AsyncAcquire(LockFile):
 
         if held_in_process(self):  # no watch to set up and take down for it
             return await self._wait_async(attempt, owner, deadline, timeout, waits)
-        if passed(deadline):
-            self._raise_held(True, timeout)
-        self._refuse_self_deadlock(owner)
+        self._refuse_self_deadlock(owner)  # (a passed deadline: after one more try)
         loop = asyncio.get_running_loop()
         hints = loop_hints(loop)
         hint = None if hints is None else hints.hint_for(self._lf.handle)
@@ -134,15 +132,18 @@ class AsyncAcquire(LockFile):
             return await self._wait_async(attempt, owner, deadline, timeout, waits)
         box = [hint]  # the hint the deadline wakes; a second item once it passed
         timer = None if deadline is None else loop.call_later(_left(deadline), _expire, box)
-        retried = 0  # RETRY: the holder left as we looked, or the table lost its line
+        retried = useless = 0  # RETRY: the holder left as we looked, or the table lost it
         try:
             while True:  # watched before each try: no release falls in between
-                hint.hinted = False
+                woken, hint.hinted = hint.hinted, False
                 rc = _acquire(self._lf, id(attempt))
                 if rc != errno.EWOULDBLOCK:
                     return int(rc)
                 if len(box) > 1 or passed(deadline):  # a timer may fire early (uvloop)
                     self._raise_held(True, timeout)
+                useless += woken
+                if useless > _USELESS_HINTS:
+                    break
                 step = next_step(self, hint.file)
                 if step.__class__ is not str:
                     step = await step  # type: ignore[misc]
@@ -224,6 +225,12 @@ class AsyncAcquire(LockFile):
         if rc:
             fail(rc, self.path)
         return int(claimed[0])
+
+
+# Hints after which the lock was still held, at most, before a wait goes to a
+# thread: anyone who may read the lock file can make hints (each read is one),
+# and each costs the waiting process a try and a look at the lock table.
+_USELESS_HINTS = 256
 
 
 def _left(deadline: float) -> float:

@@ -18,7 +18,7 @@ import pytest
 
 import pylock
 from tests.support import env_with_repo
-from tests.support.kernel_locks import blocked_waiters, free_now, hint_watches
+from tests.support.kernel_locks import blocked_waiters, free_now, hint_watches, lock_key
 from tests.support.procs import thread_count
 
 pytestmark = pytest.mark.skipif(
@@ -402,4 +402,48 @@ def test_a_timed_wait_on_hints_ends_at_its_deadline(lock_path: str, loop: str) -
         else:
             asyncio.run(main())
     finally:
+        stop(holder)
+
+
+def in_flock(path: str, pid: int) -> bool:
+    """Whether /proc/locks shows pid blocked in flock on path (not watching)."""
+    key = lock_key(path)
+    with open("/proc/locks") as f:
+        return any(key in line and " -> " in line and f" {pid} " in line for line in f)
+
+
+def test_a_reader_that_floods_hints_sends_the_wait_to_a_thread(lock_path: str) -> None:
+    """Anyone who may read the lock file makes hints; past a bound of hints
+    after which the lock was still held, the wait goes to a thread, which
+    only the release wakes."""
+    holder = start(PYLOCK_HOLDER, lock_path)
+    flood = textwrap.dedent(
+        """
+        import os, sys
+        fd = os.open(sys.argv[1], os.O_RDONLY)
+        while True:
+            os.pread(fd, 1, 0)
+        """
+    )
+    reader = None
+    try:
+
+        async def main() -> None:
+            nonlocal reader
+            lock = pylock.Lock(lock_path)
+            task = asyncio.ensure_future(lock.acquire_async())
+            await until(lambda: hint_watches(lock_path, os.getpid()) == 1, "never waited")
+            reader = subprocess.Popen([sys.executable, "-c", flood, lock_path])
+            await until(lambda: in_flock(lock_path, os.getpid()), "the flood kept it on hints")
+            reader.kill()
+            assert not task.done()
+            tell(holder, "release", "released")
+            assert await asyncio.wait_for(task, 30) is True
+            lock.close()
+
+        asyncio.run(main())
+    finally:
+        if reader is not None:
+            reader.kill()
+            reader.wait()
         stop(holder)

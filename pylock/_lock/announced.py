@@ -27,7 +27,7 @@ import sys
 from .._core import procfs as _procfs
 from .._core.locktable import flock_holders
 from .._core.process import ProcessIdentity, has_start_identity, is_alive
-from . import lockfile as _files
+from . import by_file
 from . import record as _record
 
 TYPE_CHECKING = False  # typing is not imported at `import pylock`
@@ -80,7 +80,7 @@ def held_in_process(lock: LockFile) -> bool:
     hints: the kernel wakes a thread blocked in flock by the release itself,
     and this process's own waits keep exactly the guarantees they were built
     and tested with (cancel, loop close, host signals)."""
-    for ref in _files._open_by_key.get(lock._key, ()):
+    for ref in by_file._open_by_key.get(lock._key, ()):
         other = ref()
         if (
             other is not None

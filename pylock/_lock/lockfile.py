@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import errno
 import os
-from _thread import allocate_lock
-from _weakref import ref
 from _weakrefset import WeakSet  # what weakref.WeakSet is, without weakref's import cost
 
 from .._core.errors import LockError, LockFileError
 from .._core.fs import refuse_unfit_filesystem
 from .._core.native import check, fail, ffi, lib, open_lock_file
+from . import by_file
 from .errors import ReentrantAcquire
 from .ownership import Owned
 
@@ -56,38 +55,8 @@ if TYPE_CHECKING:
 # Every lock file open in this process: a forked child forgets them (the C
 # core has closed their descriptors), and an observer is pointed at each.
 _open_locks: WeakSet[LockFile] = WeakSet()
-# The same by file (device, inode), for the waits' look at who else has it open
-# (a wait that could only deadlock is refused by looking here): weak references
-# in a list (a WeakSet per file cost 700 bytes each).
-_open_by_key: dict[tuple[int, int], list[ref[LockFile]]] = {}
-_index_mu = allocate_lock()
 # The record head of all Lock objects without info, by process (a child makes its own).
 _plain_heads: dict[Any, tuple[Any, int, int]] = {}
-
-
-def open_on(key: tuple[int, int]) -> list[LockFile]:
-    """The lock objects of this process with the file key open."""
-    same = _open_by_key.get(key)
-    if same is None:
-        return []
-    return [lock for lock in (r() for r in same) if lock is not None]
-
-
-def _opened(lock: LockFile) -> None:
-    _open_locks.add(lock)
-    with _index_mu:  # threads open and close lock files of one file at once
-        same = [r for r in _open_by_key.get(lock._key, ()) if r() is not None]
-        _open_by_key[lock._key] = [*same, ref(lock)]  # a collected Lock's is dropped
-
-
-def _closed(lock: LockFile) -> None:
-    _open_locks.discard(lock)
-    with _index_mu:
-        same = [r for r in _open_by_key.get(lock._key, ()) if r() not in (None, lock)]
-        if same:
-            _open_by_key[lock._key] = same
-        else:
-            _open_by_key.pop(lock._key, None)
 
 
 # Told of conflicts, waits and newly opened lock files (None: nobody).
@@ -96,6 +65,16 @@ observer: LockObserver | None = None
 event_log: LockObserver | None = None
 # What answers Lock.stats: the last observer set (stopping keeps its counters).
 stats_source: LockObserver | None = None
+
+
+def _opened(lock: LockFile) -> None:
+    _open_locks.add(lock)
+    by_file.add(lock)
+
+
+def _closed(lock: LockFile) -> None:
+    _open_locks.discard(lock)
+    by_file.discard(lock)
 
 
 def set_observer(new: LockObserver | None, *, log_events: bool = False) -> None:
@@ -356,7 +335,7 @@ class LockFile(Owned):
     def _refuse_self_deadlock(self, owner: object) -> None:
         # Only the lock objects on this file (bench/README.md: walking all
         # of them cost 25 µs per wait with 64 open, seconds with thousands).
-        for other in open_on(self._key):
+        for other in by_file.open_on(self._key):
             if other._owner is owner and other is not self:
                 raise ReentrantAcquire(
                     f"{self.path}: this {'thread' if owner.__class__ is object else 'task'} "

@@ -55,12 +55,17 @@ def die_with_parent() -> None:
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def rss_kib() -> int:
+def status_field(name: str) -> int:
+    """A number of /proc/self/status ("VmRSS" in KiB, "Threads")."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(name + ":"):
                 return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {name} in /proc/self/status")
+
+
+def rss_kib() -> int:
+    return status_field("VmRSS")
 
 
 # -- uncontended ------------------------------------------------------------
@@ -407,14 +412,6 @@ def role_contend(lib: str, path: str, record_path: str, shm_path: str, tasks: st
 # -- many waiters -------------------------------------------------------------
 
 
-def threads_now() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise RuntimeError("no Threads in /proc/self/status")
-
-
 def role_many_holder(directory: str, n: str) -> None:
     """Hold n pylock locks, one per file, until killed."""
     import pylock
@@ -446,7 +443,7 @@ def role_many_waiters(lib: str, directory: str, n: str, record_path: str, idle_s
             for i in range(count)
         ]
         gc.collect()
-        threads0, rss0 = threads_now(), rss_kib()
+        threads0, rss0 = status_field("Threads"), rss_kib()
         acquired = []
 
         async def one(acquire) -> None:  # type: ignore[no-untyped-def]
@@ -463,7 +460,7 @@ def role_many_waiters(lib: str, directory: str, n: str, record_path: str, idle_s
             spent = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
             if spent < 0.005:
                 break
-        threads, rss = threads_now(), rss_kib()
+        threads, rss = status_field("Threads"), rss_kib()
         cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         await asyncio.sleep(float(idle_s))
         cpu1, wall1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()

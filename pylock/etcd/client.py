@@ -111,7 +111,11 @@ class Cluster:
         if deadline is not None and (
             code == rpc.StatusCode.DEADLINE_EXCEEDED
             # etcd's own words when the deadline it was sent passes inside etcd
+            # before this client's timer fires (a loaded client): its request
+            # timeout, or Go's context error passed on as is (etcd 3.4 sends
+            # that one as UNKNOWN)
             or (code == rpc.StatusCode.UNAVAILABLE and "timed out" in details)
+            or "context deadline exceeded" in details
         ):
             return DeadlinePassed()
         if code == rpc.StatusCode.FAILED_PRECONDITION and "lease already exists" in details:

@@ -181,3 +181,36 @@ def test_tiny_timeouts_on_a_free_lock_take_it_or_say_etcd_had_not_answered(etcd,
     assert outcomes <= {"no answer", "taken"}
     assert keys(etcd.endpoint_list, recipe_prefix(lock_name)) == []
     assert leases(etcd.endpoint_list) - before == set()
+
+
+@pytest.mark.parametrize(
+    ("code", "details"),
+    [
+        ("DEADLINE_EXCEEDED", "Deadline Exceeded"),  # this client's own timer
+        ("UNAVAILABLE", "etcdserver: request timed out"),  # etcd's request timeout
+        ("UNKNOWN", "context deadline exceeded"),  # etcd 3.4 passing Go's context error on
+    ],
+)
+def test_etcds_words_for_a_passed_deadline_are_a_timeout_not_an_outage(code, details):
+    """A loaded client's timer can fire after etcd's answer that the deadline it
+    was sent has passed: with the caller's deadline that is a timeout, and only
+    without one (the request limit passed) is etcd unreachable.  etcd's words
+    are built here because no real etcd sends them on demand; the tiny-timeouts
+    test above meets them under load."""
+    pytest.importorskip("aetcd")
+    import grpc.aio
+
+    from pylock.etcd.client import Cluster, DeadlinePassed
+    from pylock.etcd.errors import EtcdUnavailable
+
+    async def translated() -> tuple[BaseException, BaseException]:
+        cluster = Cluster(("127.0.0.1:9",))  # a channel connects only when used
+        error = grpc.aio.AioRpcError(getattr(grpc.StatusCode, code), None, None, details)
+        try:
+            return cluster.translate(error, deadline=1.0), cluster.translate(error, None)
+        finally:
+            await cluster.channel.close()
+
+    with_deadline, without = asyncio.run(translated())
+    assert isinstance(with_deadline, DeadlinePassed)
+    assert isinstance(without, EtcdUnavailable)

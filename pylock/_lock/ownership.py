@@ -310,18 +310,28 @@ def _current_task_function() -> Callable[[], Any]:
 
 
 def _awaiting_task(task: Any) -> object | None:
+    """The task awaiting `task`, found from the callbacks on what it awaits (an
+    awaiting task's wakeup is bound to it), never by walking every task: a
+    loop with thousands of create_task(lock.acquire_async()) asks this for
+    each of them."""
     import asyncio
 
-    waiting_on = {id(task)}
-    # wait_for on 3.11 awaits a future that a done-callback of the inner
+    awaited = [task]
+    # wait_for on 3.9-3.11 awaits a future that a done-callback of the inner
     # task completes; a plain await waits on the task itself.
     for callback, _ in getattr(task, "_callbacks", None) or ():
-        for arg in getattr(callback, "args", ()):
-            if isinstance(arg, asyncio.Future):
-                waiting_on.add(id(arg))
-    for other in asyncio.all_tasks(task.get_loop()):
-        if other is not task and id(getattr(other, "_fut_waiter", None)) in waiting_on:
-            return other
+        awaited.extend(
+            arg for arg in getattr(callback, "args", ()) if isinstance(arg, asyncio.Future)
+        )
+    for future in awaited:
+        for callback, _ in getattr(future, "_callbacks", None) or ():
+            other = getattr(callback, "__self__", None)
+            if (
+                other is not task
+                and isinstance(other, asyncio.Task)
+                and getattr(other, "_fut_waiter", None) is future
+            ):
+                return other
     return None
 
 

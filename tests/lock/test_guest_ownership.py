@@ -198,6 +198,58 @@ def test_wait_for_then_acquire_again_from_the_same_task_is_reentrant(
     assert asyncio.run(main()) == "ReentrantAcquire"
 
 
+def test_a_task_awaiting_a_created_acquire_task_holds_the_lock(
+    new_lock: Callable[[], Any],
+) -> None:
+    """`await asyncio.create_task(lock.acquire_async())` acquires for the task
+    that awaits it: acquiring again from that task raises at once, and it may
+    release the lock."""
+    lock = new_lock()
+
+    async def twice() -> str:
+        await asyncio.create_task(lock.acquire_async())
+        try:
+            await asyncio.create_task(lock.acquire_async())
+        finally:
+            lock.release()
+        return "acquired twice"
+
+    async def main() -> object:
+        every_task = _keep_every_task(asyncio.get_running_loop())
+        outcome = await _outcome_within(2, twice())
+        assert len({id(task) for task in every_task}) == len(every_task)
+        return outcome
+
+    assert asyncio.run(main()) == "ReentrantAcquire"
+    assert not lock.locked
+
+
+def test_many_created_acquire_tasks_find_their_owner_without_walking_every_task(
+    lock_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job runner's thousands of create_task(lock.acquire_async()) each ask
+    who awaits them: the answer comes from the task's own callbacks, never from
+    a walk over every task of the loop (quadratic in tasks)."""
+    walks = []
+    all_tasks = asyncio.all_tasks
+
+    def counted(loop: Any = None) -> Any:
+        walks.append(loop)
+        return all_tasks(loop)
+
+    monkeypatch.setattr(asyncio, "all_tasks", counted)
+    locks = [pylock.Lock(f"{lock_path}.{i}") for i in range(200)]
+
+    async def main() -> None:
+        await asyncio.gather(*(asyncio.create_task(lock.acquire_async()) for lock in locks))
+        assert all(lock.locked for lock in locks)
+        for lock in locks:
+            lock.release()
+
+    asyncio.run(main())
+    assert walks == []
+
+
 class _HookedLoop(asyncio.SelectorEventLoop):
     """Runs a hook, once, when the next future is created: the first step an
     acquire_async takes after finding this Lock object busy, before it

@@ -1,5 +1,6 @@
-"""Every reader of Linux's /proc in pylock: who holds a lock (fdinfo and
-/proc/locks), a process's command line and status (thread group, uids,
+"""Every reader of Linux's /proc in pylock but /proc/locks itself (locktable.py
+reads that, more than once where one reading can be cut wrong): who holds a
+lock (fdinfo), a process's command line and status (thread group, uids,
 umask), pid_max, the sockets on a port (in every state) and the ephemeral
 port range.  Reading takes no lock, so looking never disturbs anyone; a file
 that cannot be read (another user's process, one that has gone, no /proc at
@@ -79,7 +80,7 @@ def _read(path: str) -> bytes:
         return b""
 
 
-# -- locks: fdinfo and /proc/locks ----------------------------------------------
+# -- locks: fdinfo ----------------------------------------------------------------
 
 
 def _lock_key(dev: int, ino: int) -> str:
@@ -179,29 +180,6 @@ def holders_of(dev: int, ino: int, exact: tuple[int, int] | None = None) -> Iter
             found = _fd_lock(pid, fd, key, exact)
             if found is not None and found[2]:
                 yield FdLock(pid, int(fd), found[0], found[1])
-
-
-def proc_locks(dev: int, ino: int) -> list[TableLock] | None:
-    """The flocks /proc/locks lists on (dev, ino) (not the blocked waiters'
-    "->" lines); None when /proc/locks cannot be read."""
-    key = _lock_key(dev, ino).encode()
-    found = []
-    try:
-        with open(f"{PROC}/locks", "rb") as f:
-            lines = [line for line in f if key in line]
-    except OSError:
-        return None
-    for line in lines:
-        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF"
-        words = line.split()
-        if len(words) < 6 or words[1] != b"FLOCK" or words[5] != key.strip():
-            continue
-        try:
-            pid = int(words[4])
-        except ValueError:
-            continue
-        found.append(TableLock(max(pid, 0), words[3] == b"READ"))
-    return found
 
 
 # Filesystems on which two files can share the lock tables' name for them:

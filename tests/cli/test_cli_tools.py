@@ -363,7 +363,7 @@ def test_list_without_a_lock_table_asks_the_lock_itself(
     """Where the kernel shows no lock table (/proc unreadable, as on macOS), a
     lock file is seen held by a shared lock taken and given back at once."""
     from pylock._cli import list as _cli_list
-    from pylock._core import procfs
+    from pylock._core import locktable, procfs
 
     held, free = str(tmp_path / "held.lock"), str(tmp_path / "free.lock")
     Path(free).touch()
@@ -371,6 +371,7 @@ def test_list_without_a_lock_table_asks_the_lock_itself(
     holder = Holder([FLOCK], held)
     try:
         monkeypatch.setattr(procfs, "PROC", str(tmp_path / "no-proc"))
+        monkeypatch.setattr(locktable, "PROC", str(tmp_path / "no-proc"))
         entry = _cli_list.inspect(held)
         assert entry is not None and entry.held
         assert [h.note for h in entry.holders] == ["/proc/locks is unreadable"]

@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 
 from pylock._core.lockscan import read_table
-from pylock._core.locktable import FileKey, LockTable, parse_line, read_proc_locks
+from pylock._core.locktable import (
+    FileKey,
+    LockTable,
+    agreed_flocks,
+    parse_line,
+    read_proc_locks,
+)
 from pylock._core.waitgraph import deadlocks, edges, graph
 from tests.support.children import Forked
 from tests.support.lockers import Locker, until_waiting
@@ -216,3 +222,25 @@ def test_a_table_read_while_another_process_locks_and_unlocks_lists_each_lock_on
         seen = Counter(line.file[2] for line in read_proc_locks() if line.level == 0 and line.file)
         wrong = {ino: seen[ino] for ino in stable if seen[ino] != 1}
         assert not wrong, f"locks listed other than once: {wrong}"
+
+
+@pytest.mark.parametrize("files", ["named", "every"])
+def test_who_holds_answers_while_another_process_locks_and_unlocks_name_every_lock_once(
+    tmp_path: Path, forked: Callable[[Callable[[Forked.Chan], None]], Forked], files: str
+) -> None:
+    """holder(), LockHeld, `who` and `list` ask the table who holds given files:
+    with one process locking and unlocking in a loop, one reading leaves out
+    or repeats some of the locks that stay (a held file reported free), so
+    the answer comes from readings that agree."""
+    holder = forked(lambda chan: _hold_many(tmp_path, 300, chan))
+    assert holder.line() == "held"
+    stats = [os.stat(tmp_path / f"stable-{n}") for n in range(300)]
+    stable = {(st.st_dev, st.st_ino) for st in stats}
+    churner = forked(lambda chan: _churn(tmp_path / "churn", chan))
+    assert churner.line() == "churning"
+    for _ in range(200):
+        found = agreed_flocks(stable if files == "named" else None)
+        assert found is not None
+        wrong = {key[1]: found.get(key, []) for key in stable if len(found.get(key, [])) != 1}
+        assert not wrong, f"locks listed other than once: {wrong}"
+        assert all(found[key][0].pid == holder.pid and not found[key][0].shared for key in stable)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pylock._core import procfs
+from pylock._core import locktable, procfs
 from tests.support import IS_ROOT
 from tests.support.children import Child, Forked, Sleeper, wait_unreaped
 from tests.support.procs import NOBODY
@@ -106,9 +106,10 @@ def test_pid_max_is_the_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     with open("/proc/sys/kernel/pid_max") as f:
         assert procfs.pid_max() == int(f.read())
     monkeypatch.setattr(procfs, "PROC", str(tmp_path))  # a system without /proc
+    monkeypatch.setattr(locktable, "PROC", str(tmp_path))
     assert procfs.pid_max() == 2**31 - 1
     assert procfs.uids(os.getpid()) is None and procfs.thread_group(os.getpid()) is None
-    assert procfs.proc_locks(1, 1) is None and procfs.cmdline("self") == ()
+    assert locktable.agreed_flocks({(1, 1)}) is None and procfs.cmdline("self") == ()
 
 
 def test_a_descriptor_names_its_file(tmp_path: Path) -> None:

@@ -353,6 +353,7 @@ def test_record_of_a_dead_process_is_not_the_holder(public_lock: str, raw_holder
 def test_lock_lines_of_another_device_are_not_ours(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from pylock._core import locktable
     from pylock._core import procfs as _procfs
 
     fdinfo = tmp_path / "4242" / "fdinfo"
@@ -364,15 +365,18 @@ def test_lock_lines_of_another_device_are_not_ours(
     )
     (tmp_path / "locks").write_text("1: FLOCK  ADVISORY  WRITE 4242 103:01:5000 0 EOF\n")
     monkeypatch.setattr(_procfs, "PROC", str(tmp_path))
+    monkeypatch.setattr(locktable, "PROC", str(tmp_path))
     ours = os.makedev(3, 1)
     assert _procfs.pid_lock_mode(4242, ours, 5000) == ""
     assert list(_procfs.holders_of(ours, 5000)) == []
-    assert _procfs.proc_locks(ours, 5000) == []
+    assert locktable.agreed_flocks({(ours, 5000)}) == {}
     # The device that does hold it is recognised.
     theirs = os.makedev(0x103, 1)
     assert _procfs.pid_lock_mode(4242, theirs, 5000) == "exclusive"
     assert [h.pid for h in _procfs.holders_of(theirs, 5000)] == [4242]
-    assert _procfs.proc_locks(theirs, 5000) == [_procfs.TableLock(4242, False)]
+    assert locktable.agreed_flocks({(theirs, 5000)}) == {
+        (theirs, 5000): [_procfs.TableLock(4242, False)]
+    }
 
 
 # -- a holder inside a pid namespace (a container) ---------------------------------

@@ -311,7 +311,7 @@ def _current_task_function() -> Callable[[], Any]:
 
 def _awaiting_task(task: Any) -> object | None:
     """The task awaiting `task`, found from the callbacks on what it awaits (an
-    awaiting task's wakeup is bound to it), never by walking every task: a
+    awaiting task's wakeup is bound to it), not by walking every task: a
     loop with thousands of create_task(lock.acquire_async()) asks this for
     each of them."""
     import asyncio
@@ -331,6 +331,13 @@ def _awaiting_task(task: Any) -> object | None:
                 and isinstance(other, asyncio.Task)
                 and getattr(other, "_fut_waiter", None) is future
             ):
+                return other
+    if any(future.done() for future in awaited[1:]):
+        # wait_for's caller was cancelled before this step: cancelling its
+        # waiter dropped the callbacks, and wait_for may still hand the
+        # lock to that caller, which only a walk finds (a rare race).
+        for other in asyncio.all_tasks(task.get_loop()):
+            if other is not task and getattr(other, "_fut_waiter", None) in awaited:
                 return other
     return None
 

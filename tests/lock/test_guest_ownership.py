@@ -224,6 +224,42 @@ def test_a_task_awaiting_a_created_acquire_task_holds_the_lock(
     assert not lock.locked
 
 
+def test_wait_for_cancelled_before_its_acquire_ran_still_gives_the_lock_to_its_caller(
+    lock_path: str,
+) -> None:
+    """A caller cancelled right after it entered asyncio.wait_for(lock.acquire_async())
+    (Python 3.9-3.11 run the acquire in an inner task, which takes the lock and
+    wait_for then returns True, swallowing the cancel): the lock is the
+    caller's, so acquiring again from it raises at once instead of waiting."""
+    lock = pylock.Lock(lock_path)
+
+    async def main() -> object:
+        me = asyncio.current_task()
+        assert me is not None
+
+        async def cancel_me() -> None:
+            me.cancel()
+
+        canceller = asyncio.create_task(cancel_me())  # runs once main awaits
+        try:
+            got = await asyncio.wait_for(lock.acquire_async(), 5)
+        except asyncio.CancelledError:
+            return "cancelled"
+        finally:
+            await asyncio.gather(canceller, return_exceptions=True)
+        assert got is True
+        try:
+            await asyncio.wait_for(lock.acquire_async(), 2)  # this task's again
+        except (pylock.ReentrantAcquire, asyncio.TimeoutError) as exc:
+            return type(exc).__name__
+        finally:
+            lock.release()
+        return "acquired twice"
+
+    assert asyncio.run(main()) in {"ReentrantAcquire", "cancelled"}
+    assert not lock.locked and free_from_elsewhere(lock_path)
+
+
 def test_many_created_acquire_tasks_find_their_owner_without_walking_every_task(
     lock_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

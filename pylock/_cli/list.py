@@ -109,11 +109,7 @@ def _list(directory: str, dir_fd: int, opts: dict[str, Any]) -> int:
     except OSError as exc:
         say(f"cannot list {display(directory)}: {exc.strerror}")
         return EX_NOINPUT
-    from .._core.locktable import agreed_flocks
-
-    # One look at the kernel's table for the whole listing, not one per file.
-    table = agreed_flocks(None)
-    found = (inspect(os.path.join(directory, n), dir_fd, table) for n in names)
+    found = (inspect(os.path.join(directory, n), dir_fd) for n in names)
     entries = [e for e in found if e is not None]
     if opts["stale"] or opts["clean"]:
         entries = [e for e in entries if e.stale]
@@ -134,15 +130,12 @@ def _list(directory: str, dir_fd: int, opts: dict[str, Any]) -> int:
     return status
 
 
-def inspect(
-    path: str,
-    dir_fd: int | None = None,
-    flocks: dict[tuple[int, int], list[Any]] | None = None,
-) -> Entry | None:
+def inspect(path: str, dir_fd: int | None = None) -> Entry | None:
     """The lock file at path (its name relative to dir_fd when given), or
-    None when it is not one; flocks: the kernel's flocks by file, read once
-    for many files (else read here).  Only a regular file is ever opened: a
-    FIFO or a device is looked at, never opened (pylock._core.peek)."""
+    None when it is not one.  Only a regular file is ever opened: a FIFO or
+    a device is looked at, never opened (pylock._core.peek).  The kernel's
+    table is read for this file as it is looked at (not once for the whole
+    listing: a file locked meanwhile would be shown free)."""
     from .._core.locktable import agreed_flocks
     from .._core.peek import Peek
     from .._lock.lookup import held_by_probe
@@ -157,8 +150,7 @@ def inspect(
             return None  # a symlink, a directory, a FIFO, a device: never a lock file here
         key = look.key()
         file = (key.dev, key.ino)
-        if flocks is None:
-            flocks = agreed_flocks({file})
+        flocks = agreed_flocks({file})
         table = None if flocks is None else flocks.get(file, [])
         try:
             fd = look.open_to_read()

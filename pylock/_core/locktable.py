@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -290,21 +290,17 @@ def flock_holders(keys: set[tuple[int, int]]) -> dict[tuple[int, int], list[Tabl
         return None
 
 
-def agreed_flocks(
-    keys: set[tuple[int, int]] | None,
-) -> dict[tuple[int, int], list[TableLock]] | None:
-    """flock_holders as readings of the table agree (every file's when keys is
-    None); None when /proc/locks cannot be read.
+def agreed_flocks(keys: set[tuple[int, int]]) -> dict[tuple[int, int], list[TableLock]] | None:
+    """flock_holders as readings of the table agree; None when /proc/locks
+    cannot be read.
 
     Two readings cut at different records (read_proc_locks) that agree on
     these files are the answer; else the whole table as read_proc_locks
     settles it.  So a lock the kernel's paging left out of one reading is
-    never reported free."""
-    words = None
-    if keys is not None:
-        words = {f"{os.major(d):02x}:{os.minor(d):02x}:{i}".encode(): (d, i) for d, i in keys}
+    never reported free, nor one it repeated listed twice."""
+    words = {f"{os.major(d):02x}:{os.minor(d):02x}:{i}".encode(): (d, i) for d, i in keys}
     try:
-        first, second = (_flock_lines(_lines(size), words) for size in _FIRST_READS[:2])
+        first, second = (_flock_lines(_granted(size), words) for size in _FIRST_READS[:2])
         if _same_answer(first, second):
             return first
         lines = read_proc_locks()
@@ -315,7 +311,7 @@ def agreed_flocks(
         if line.level or line.kind != "FLOCK" or line.file is None:
             continue
         key = (os.makedev(line.file[0], line.file[1]), line.file[2])
-        if keys is None or key in keys:
+        if key in keys:
             found.setdefault(key, []).append(TableLock(max(line.pid, 0), line.mode == "READ"))
     return found
 
@@ -326,31 +322,16 @@ def _same_answer(
     return a.keys() == b.keys() and all(sorted(a[key]) == sorted(b[key]) for key in a)
 
 
-def _lines(first: int) -> Iterator[bytes]:
-    """The lines of one reading of /proc/locks, the first read() asking for
-    first bytes (where the kernel's pages are cut: _records)."""
-    fd = os.open(f"{PROC}/locks", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        rest = b""
-        size = first
-        while True:
-            chunk = os.read(fd, size)
-            size = 1 << 20
-            if not chunk:
-                break
-            *lines, rest = (rest + chunk).split(b"\n")
-            yield from lines
-        if rest:
-            yield rest
-    finally:
-        os.close(fd)
+def _granted(first: int) -> list[bytes]:
+    """The granted lines of one reading (_records: a page's repeats of the
+    records before it dropped, the last page's included)."""
+    return [lines[0] for _, lines in _records(first)]
 
 
 def _flock_lines(
-    lines: Iterable[bytes], words: dict[bytes, tuple[int, int]] | None
+    lines: Iterable[bytes], words: dict[bytes, tuple[int, int]]
 ) -> dict[tuple[int, int], list[TableLock]]:
-    """The granted flocks of lines on the files words names (every file's
-    when None)."""
+    """The granted flocks of lines on the files words names."""
     # Line by line: the whole table of thousands of lines, at once, would
     # grow the heap of a process whose waits are meant to be small.
     found: dict[tuple[int, int], list[TableLock]] = {}
@@ -360,16 +341,10 @@ def _flock_lines(
         fields = line.split(None, 6)
         if len(fields) < 6 or fields[1] != b"FLOCK":
             continue
+        key = words.get(fields[5])
+        if key is None:
+            continue
         try:
-            if words is not None:
-                key = words.get(fields[5])
-                if key is None:
-                    continue
-            else:
-                file = file_key(fields[5])
-                if file is None:
-                    continue
-                key = (os.makedev(file[0], file[1]), file[2])
             pid = int(fields[4])
         except ValueError:
             continue

@@ -109,13 +109,7 @@ class Cluster:
         code, details = exc.code(), exc.details() or ""
         where = f"etcd at {','.join(self.endpoints)}"
         if deadline is not None and (
-            code == rpc.StatusCode.DEADLINE_EXCEEDED
-            # etcd's own words when the deadline it was sent passes inside etcd
-            # before this client's timer fires (a loaded client): its request
-            # timeout, or Go's context error passed on as is (etcd 3.4 sends
-            # that one as UNKNOWN)
-            or (code == rpc.StatusCode.UNAVAILABLE and "timed out" in details)
-            or "context deadline exceeded" in details
+            code == rpc.StatusCode.DEADLINE_EXCEEDED or _deadline_in_etcd(code, details, deadline)
         ):
             return DeadlinePassed()
         if code == rpc.StatusCode.FAILED_PRECONDITION and "lease already exists" in details:
@@ -272,6 +266,22 @@ class DeadlinePassed(Exception):
 
 class LeaseExists(Exception):
     """The lease ID chosen for a grant is taken already: choose another."""
+
+
+def _deadline_in_etcd(code: Any, details: str, deadline: float) -> bool:
+    """etcd's own words for the deadline it was sent passing inside etcd, met
+    when they beat this client's timer (a loaded client): its request
+    timeout, or Go's context error passed on as is (UNKNOWN from etcd 3.4).
+    Only once the caller's deadline has passed here too: etcd's deadline
+    passes after it, while gRPC's own "connection attempt timed out" and a
+    proxy's dial timeout use the same words for an outage, at any time."""
+    if time.monotonic() < deadline:
+        return False
+    if code == rpc.StatusCode.UNAVAILABLE and "timed out" in details:
+        return True
+    return code in (rpc.StatusCode.UNKNOWN, rpc.StatusCode.UNAVAILABLE) and (
+        "context deadline exceeded" in details
+    )
 
 
 def too_much(endpoints: tuple[str, ...], details: str, request: Any) -> LockError:

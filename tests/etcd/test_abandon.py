@@ -183,34 +183,61 @@ def test_tiny_timeouts_on_a_free_lock_take_it_or_say_etcd_had_not_answered(etcd,
     assert leases(etcd.endpoint_list) - before == set()
 
 
+# What gRPC and etcd say when a deadline passes, and gRPC's words for an
+# outage that look alike.
+CLIENT_TIMER = ("DEADLINE_EXCEEDED", "Deadline Exceeded")
+ETCD_REQUEST_TIMEOUT = ("UNAVAILABLE", "etcdserver: request timed out")
+ETCD_CONTEXT = ("UNKNOWN", "context deadline exceeded")  # etcd 3.4 passing Go's error on
+GRPC_CONNECT = (
+    "UNAVAILABLE",
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:2379: "
+    "connection attempt timed out before receiving SETTINGS frame",
+)
+PROXY_DIAL = ("UNAVAILABLE", "upstream connect error: context deadline exceeded")
+
+
 @pytest.mark.parametrize(
-    ("code", "details"),
+    ("error", "passed", "expected"),
     [
-        ("DEADLINE_EXCEEDED", "Deadline Exceeded"),  # this client's own timer
-        ("UNAVAILABLE", "etcdserver: request timed out"),  # etcd's request timeout
-        ("UNKNOWN", "context deadline exceeded"),  # etcd 3.4 passing Go's context error on
+        (CLIENT_TIMER, True, "timeout"),
+        (CLIENT_TIMER, False, "timeout"),  # gRPC's clock said so
+        (ETCD_REQUEST_TIMEOUT, True, "timeout"),
+        (ETCD_CONTEXT, True, "timeout"),
+        (ETCD_REQUEST_TIMEOUT, False, "unavailable"),
+        (ETCD_CONTEXT, False, "unavailable"),
+        (GRPC_CONNECT, False, "unavailable"),
+        (PROXY_DIAL, False, "unavailable"),
     ],
 )
-def test_etcds_words_for_a_passed_deadline_are_a_timeout_not_an_outage(code, details):
+def test_a_passed_deadline_is_a_timeout_and_an_outage_is_not(
+    error: tuple[str, str], passed: bool, expected: str
+) -> None:
     """A loaded client's timer can fire after etcd's answer that the deadline it
-    was sent has passed: with the caller's deadline that is a timeout, and only
-    without one (the request limit passed) is etcd unreachable.  etcd's words
-    are built here because no real etcd sends them on demand; the tiny-timeouts
-    test above meets them under load."""
+    was sent has passed: once the caller's deadline has passed, that is a
+    timeout.  The same words before the deadline (gRPC's failed connection
+    attempt, a proxy's dial timeout) are an outage, never an early timeout.
+    The errors are built here because no real etcd sends them on demand; the
+    tiny-timeouts test above meets etcd's under load."""
     pytest.importorskip("aetcd")
+    import time
+
     import grpc.aio
 
     from pylock.etcd.client import Cluster, DeadlinePassed
     from pylock.etcd.errors import EtcdUnavailable
 
+    code, details = error
+    deadline = time.monotonic() + (-0.001 if passed else 60)
+
     async def translated() -> tuple[BaseException, BaseException]:
         cluster = Cluster(("127.0.0.1:9",))  # a channel connects only when used
-        error = grpc.aio.AioRpcError(getattr(grpc.StatusCode, code), None, None, details)
+        rpc_error = grpc.aio.AioRpcError(getattr(grpc.StatusCode, code), None, None, details)
         try:
-            return cluster.translate(error, deadline=1.0), cluster.translate(error, None)
+            return cluster.translate(rpc_error, deadline), cluster.translate(rpc_error, None)
         finally:
             await cluster.channel.close()
 
     with_deadline, without = asyncio.run(translated())
-    assert isinstance(with_deadline, DeadlinePassed)
-    assert isinstance(without, EtcdUnavailable)
+    kinds = {"timeout": DeadlinePassed, "unavailable": EtcdUnavailable}
+    assert isinstance(with_deadline, kinds[expected])
+    assert isinstance(without, EtcdUnavailable)  # the request limit passed: etcd is silent

@@ -85,7 +85,7 @@ def test_holder_with_shifted_wall_clock(tmp_path: Path, shift: str, figures: Fig
         t0 = time.monotonic()
         with pytest.raises(pylock.LockTimeout):
             pylock.Lock(path).acquire(timeout=0.3)
-        assert 0.3 <= time.monotonic() - t0 < 1.0
+        assert 0.3 <= time.monotonic() - t0 < 3.0  # a wall-clock wait would take years
 
         # Its death frees the lock for a blocked waiter, and wait_exit sees it.
         waiter = Script(
@@ -240,7 +240,7 @@ def test_wall_clock_jumps_during_the_wait(tmp_path: Path, mode: str, figures: Fi
             assert time.monotonic() - t0 < 2
         else:
             assert outcome == "timeout"
-            assert 2.0 <= float(elapsed) < 2.6
+            assert 2.0 <= float(elapsed) < 4.0  # ten years back would never end
     finally:
         holder.close()
         if waiter is not None:
@@ -266,7 +266,7 @@ def test_timeouts_under_default_faketime_do_not_hang(tmp_path: Path, mode: str) 
         assert box, f"{mode}: still waiting {time.monotonic() - t0:.1f}s after a 2 s timeout"
         outcome, elapsed, _ = box[0].split()
         assert outcome == "timeout"
-        assert 2.0 <= float(elapsed) < 3.0
+        assert 2.0 <= float(elapsed) < 5.0  # bounded, on a loaded machine too
     finally:
         holder.close()
         if waiter is not None:

@@ -121,7 +121,9 @@ def test_eintr_storm_keeps_the_timeout(tmp_path: Path, mode: str, figures: Figur
         outcome, _t, elapsed, count, locked = _read_done(waiter)
         figures(mode=mode, timeout_s=timeout, elapsed_s=float(elapsed), signals=int(count))
         assert outcome == "timeout" and locked == "False"
-        assert timeout <= float(elapsed) < timeout + 0.5
+        # A wait that began its timeout again after each signal would never end:
+        # the upper bound only has to catch that, on a loaded machine too.
+        assert timeout <= float(elapsed) < timeout + 2.0
         assert int(count) > 1000
         assert [h.pid for h in pylock.holders(path)] == [holder.pid]
     finally:

@@ -136,7 +136,7 @@ def inspect(path: str, dir_fd: int | None = None) -> Entry | None:
     a device is looked at, never opened (pylock._core.peek).  The kernel's
     table is read for this file as it is looked at (not once for the whole
     listing: a file locked meanwhile would be shown free)."""
-    from .._core.locktable import agreed_flocks
+    from .._core.locktable import flocks_on
     from .._core.peek import Peek
     from .._lock.lookup import held_by_probe
     from .._lock.record import MAX_RECORD
@@ -149,9 +149,7 @@ def inspect(path: str, dir_fd: int | None = None) -> Entry | None:
         if not look.regular:
             return None  # a symlink, a directory, a FIFO, a device: never a lock file here
         key = look.key()
-        file = (key.dev, key.ino)
-        flocks = agreed_flocks({file})
-        table = None if flocks is None else flocks.get(file, [])
+        table = flocks_on(key.dev, key.ino)
         try:
             fd = look.open_to_read()
         except OSError:

@@ -109,6 +109,11 @@ def read_proc_locks() -> list[LockLine]:
     a page is read can still fool it (one look in a hundred, with 50 locks
     taken and dropped in a loop).
     """
+    return [line for line in map(parse_line, _agreed_lines()) if line is not None]
+
+
+def _agreed_lines() -> list[bytes]:
+    """The lines of /proc/locks as read_proc_locks settles them, unparsed."""
     records = [_records(size) for size in _FIRST_READS[:2]]
     counts = [Counter(key for key, _ in found) for found in records]
     if counts[0] != counts[1]:
@@ -123,7 +128,7 @@ def read_proc_locks() -> list[LockLine]:
             if taken[key] < wanted[key]:
                 taken[key] += 1
                 lines += record
-    return [line for line in map(parse_line, lines) if line is not None]
+    return lines
 
 
 Record = tuple[bytes, list[bytes]]  # the granted line after its number, and the record's lines
@@ -282,12 +287,19 @@ def flock_holders(keys: set[tuple[int, int]]) -> dict[tuple[int, int], list[Tabl
     cut while locks came and went: for callers that only take a hint from it
     and let the kernel decide (a task choosing how to wait).  Answers given
     to a person or a program (who holds it, is it free) use agreed_flocks."""
-    words = {f"{os.major(d):02x}:{os.minor(d):02x}:{i}".encode(): (d, i) for d, i in keys}
+    words = _words(keys)
     try:
         with open(f"{PROC}/locks", "rb") as f:
             return _flock_lines(f, words)
     except OSError:
         return None
+
+
+def flocks_on(dev: int, ino: int) -> list[TableLock] | None:
+    """The granted flocks on one file as readings of the table agree
+    (agreed_flocks); None when /proc/locks cannot be read."""
+    found = agreed_flocks({(dev, ino)})
+    return None if found is None else found.get((dev, ino), [])
 
 
 def agreed_flocks(keys: set[tuple[int, int]]) -> dict[tuple[int, int], list[TableLock]] | None:
@@ -298,22 +310,17 @@ def agreed_flocks(keys: set[tuple[int, int]]) -> dict[tuple[int, int], list[Tabl
     these files are the answer; else the whole table as read_proc_locks
     settles it.  So a lock the kernel's paging left out of one reading is
     never reported free, nor one it repeated listed twice."""
-    words = {f"{os.major(d):02x}:{os.minor(d):02x}:{i}".encode(): (d, i) for d, i in keys}
+    words = _words(keys)
     try:
         first, second = (_flock_lines(_granted(size), words) for size in _FIRST_READS[:2])
-        if _same_answer(first, second):
-            return first
-        lines = read_proc_locks()
+        return first if _same_answer(first, second) else _flock_lines(_agreed_lines(), words)
     except OSError:
         return None
-    found: dict[tuple[int, int], list[TableLock]] = {}
-    for line in lines:
-        if line.level or line.kind != "FLOCK" or line.file is None:
-            continue
-        key = (os.makedev(line.file[0], line.file[1]), line.file[2])
-        if key in keys:
-            found.setdefault(key, []).append(TableLock(max(line.pid, 0), line.mode == "READ"))
-    return found
+
+
+def _words(keys: set[tuple[int, int]]) -> dict[bytes, tuple[int, int]]:
+    """/proc/locks' MAJ:MIN:INODE word for each (dev, ino)."""
+    return {f"{os.major(d):02x}:{os.minor(d):02x}:{i}".encode(): (d, i) for d, i in keys}
 
 
 def _same_answer(

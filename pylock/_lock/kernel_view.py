@@ -8,7 +8,7 @@ holder() and holders(), and every pylock command, whatever the file is
 from __future__ import annotations
 
 from .._core import procfs as _procfs
-from .._core.locktable import agreed_flocks
+from .._core.locktable import flocks_on
 from .._core.process import identity_of
 from .holder import Holder, described_by_kernel
 
@@ -47,9 +47,7 @@ class KernelView:
         descriptor holds one (inherited descriptors too).  Never empty while
         the kernel lists a lock that may be on this file.
         """
-        file = (self.key.dev, self.key.ino)
-        tables = agreed_flocks({file})
-        table = None if tables is None else tables.get(file, [])
+        table = flocks_on(self.key.dev, self.key.ino)
         if table is not None and not table:
             return [], False  # the kernel lists no lock on this file
         takers: list[Holder] = []

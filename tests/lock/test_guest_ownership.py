@@ -172,19 +172,15 @@ def test_a_new_task_with_a_reused_id_is_not_the_old_owner(new_lock: Callable[[],
     assert outcomes == {"LockTimeout"}
 
 
-def test_wait_for_then_acquire_again_from_the_same_task_is_reentrant(
-    new_lock: Callable[[], Any],
-) -> None:
-    """asyncio.wait_for on Python 3.11 runs the acquire in an inner task: the
-    lock is still the outer task's, so acquiring again must raise at once,
-    not wait until the timeout.  Every inner task is kept alive, so the
+def _acquired_twice_in_one_task(acquire: Callable[[], Any], lock: Any) -> object:
+    """How a task fares acquiring twice through acquire(), which wraps the
+    acquire in another task or awaitable.  Every task is kept alive, so the
     second cannot pass for the first by getting its id."""
-    lock = new_lock()
 
     async def twice() -> str:
-        await asyncio.wait_for(lock.acquire_async(), 5)
+        await acquire()
         try:
-            await asyncio.wait_for(lock.acquire_async(), 5)
+            await acquire()
         finally:
             lock.release()
         return "acquired twice"
@@ -195,7 +191,20 @@ def test_wait_for_then_acquire_again_from_the_same_task_is_reentrant(
         assert len({id(task) for task in every_task}) == len(every_task)
         return outcome
 
-    assert asyncio.run(main()) == "ReentrantAcquire"
+    return asyncio.run(main())
+
+
+def test_wait_for_then_acquire_again_from_the_same_task_is_reentrant(
+    new_lock: Callable[[], Any],
+) -> None:
+    """asyncio.wait_for on Python 3.11 runs the acquire in an inner task: the
+    lock is still the outer task's, so acquiring again must raise at once,
+    not wait until the timeout.  Every inner task is kept alive, so the
+    second cannot pass for the first by getting its id."""
+    lock = new_lock()
+    assert _acquired_twice_in_one_task(lambda: asyncio.wait_for(lock.acquire_async(), 5), lock) == (
+        "ReentrantAcquire"
+    )
 
 
 def test_a_task_awaiting_a_created_acquire_task_holds_the_lock(
@@ -206,21 +215,10 @@ def test_a_task_awaiting_a_created_acquire_task_holds_the_lock(
     release the lock."""
     lock = new_lock()
 
-    async def twice() -> str:
-        await asyncio.create_task(lock.acquire_async())
-        try:
-            await asyncio.create_task(lock.acquire_async())
-        finally:
-            lock.release()
-        return "acquired twice"
+    def acquire() -> Any:
+        return asyncio.create_task(lock.acquire_async())
 
-    async def main() -> object:
-        every_task = _keep_every_task(asyncio.get_running_loop())
-        outcome = await _outcome_within(2, twice())
-        assert len({id(task) for task in every_task}) == len(every_task)
-        return outcome
-
-    assert asyncio.run(main()) == "ReentrantAcquire"
+    assert _acquired_twice_in_one_task(acquire, lock) == "ReentrantAcquire"
     assert not lock.locked
 
 
